@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from orsplatform.catalog.services import PublishError, environment_publish
+from orsplatform.teams.services import team_get_or_create_builtin
+
+
+class Command(BaseCommand):
+    help = "Publish the bundled environments (envs/*) into the built-in team. Idempotent."
+
+    def add_arguments(self, parser):
+        parser.add_argument("names", nargs="*", help="Only these folders of envs/ (default: all).")
+        parser.add_argument("--dir", default=str(settings.ORS_ENVS_DIR))
+
+    def handle(self, *args, names: list[str], dir: str, **options):
+        team = team_get_or_create_builtin(slug=settings.ORS_BUILTIN_TEAM)
+        root = Path(dir)
+        folders = sorted(p for p in root.iterdir() if (p / "manifest.toml").exists())
+        if names:
+            folders = [p for p in folders if p.name in names]
+        if not folders:
+            raise CommandError(f"No environment folders with a manifest.toml under {root}.")
+        for folder in folders:
+            try:
+                result = environment_publish(team=team, source_dir=folder)
+            except PublishError as exc:
+                raise CommandError(f"{folder.name}: {exc.check}: {exc}\n{exc.traceback}") from exc
+            version = result.version
+            verb = "published" if result.created else "unchanged"
+            self.stdout.write(f"{verb} {version.environment.full_name}@{version.number}")

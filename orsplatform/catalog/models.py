@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from orsplatform.teams.models import Team, slug_validator
+
+
+class Environment(models.Model):
+    class Visibility(models.TextChoices):
+        PUBLIC = "public"
+        PRIVATE = "private"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="environments")
+    slug = models.CharField(max_length=63, validators=[slug_validator])
+    description = models.TextField(blank=True)
+    visibility = models.CharField(max_length=8, choices=Visibility.choices, default=Visibility.PRIVATE)
+    current_version = models.ForeignKey(
+        "EnvironmentVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "slug"], name="environment_team_slug_unique")]
+        indexes = [models.Index(fields=["slug"])]
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.team.slug}/{self.slug}"
+
+    def __str__(self) -> str:
+        return self.full_name
+
+
+class EnvironmentVersion(models.Model):
+    """An immutable, content-addressed snapshot of an environment package."""
+
+    class Status(models.TextChoices):
+        VALIDATING = "validating"
+        READY = "ready"
+        FAILED = "failed"
+
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    content_hash = models.CharField(max_length=64)
+    package_path = models.CharField(max_length=500)
+    entrypoint = models.CharField(max_length=200)
+    # Stored at publish time so discovery never imports tenant code.
+    tools = models.JSONField(default=list)
+    splits = models.JSONField(default=list)
+    manifest = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["environment", "number"], name="version_env_number_unique"),
+            models.UniqueConstraint(fields=["environment", "content_hash"], name="version_env_hash_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.environment}@{self.number}"
+
+
+class Split(models.Model):
+    class Type(models.TextChoices):
+        TRAIN = "train"
+        VALIDATION = "validation"
+        TEST = "test"
+
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="task_splits")
+    name = models.CharField(max_length=100)
+    type = models.CharField(max_length=16, choices=Type.choices, default=Type.VALIDATION)
+    # Kept in step with the Task rows so num_tasks is constant time.
+    num_tasks = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["environment", "name"], name="split_env_name_unique")]
+
+
+class Task(models.Model):
+    split = models.ForeignKey(Split, on_delete=models.CASCADE, related_name="tasks")
+    index = models.PositiveIntegerField()
+    spec = models.JSONField()
+
+    class Meta:
+        # task / task_range are lookups on this index, never list scans.
+        constraints = [models.UniqueConstraint(fields=["split", "index"], name="task_split_index_unique")]

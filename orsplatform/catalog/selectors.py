@@ -1,0 +1,135 @@
+"""Catalog reads. Everything that resolves an environment takes the caller, so a private
+environment of another team is indistinguishable from a missing one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+
+from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
+from orsplatform.teams.auth import Caller
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    id: int
+    name: str
+    type: str
+    num_tasks: int
+
+
+@dataclass(frozen=True)
+class EnvHandle:
+    """What the ORS hot path needs to know about one environment version (immutable)."""
+
+    environment_id: int
+    team_id: int
+    team_slug: str
+    slug: str
+    visibility: str
+    version_id: int
+    version_number: int
+    package_path: str
+    entrypoint: str
+    tools: list
+    tool_timeout: float
+    splits: dict[str, SplitInfo]
+    split_order: tuple[str, ...]
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.team_slug}/{self.slug}"
+
+    def visible_to(self, caller: Caller) -> bool:
+        return self.visibility == Environment.Visibility.PUBLIC or self.team_id == caller.team_id
+
+
+def parse_env_ref(ref: str) -> tuple[str | None, str, int | None] | None:
+    """``team/slug[@N]`` or ``slug[@N]`` → (team, slug, version); None when malformed."""
+    version: int | None = None
+    if "@" in ref:
+        ref, _, number = ref.rpartition("@")
+        if not number.isdigit() or len(number) > 9:
+            return None
+        version = int(number)
+    parts = ref.split("/")
+    if len(parts) == 1 and parts[0]:
+        return None, parts[0], version
+    if len(parts) == 2 and all(parts):
+        return parts[0], parts[1], version
+    return None
+
+
+def _visible(caller: Caller) -> Q:
+    visible = Q(visibility=Environment.Visibility.PUBLIC)
+    if caller.team_id is not None:
+        visible |= Q(team_id=caller.team_id)
+    return visible
+
+
+def environments_visible(*, caller: Caller) -> list[Environment]:
+    return list(
+        Environment.objects.select_related("team").filter(_visible(caller), current_version__isnull=False)
+        .order_by("team__slug", "slug")
+    )
+
+
+def _handle(environment: Environment, version: EnvironmentVersion) -> EnvHandle:
+    infos = {s.name: SplitInfo(s.id, s.name, s.type, s.num_tasks)
+             for s in Split.objects.filter(environment=environment).order_by("id")}
+    declared = [s["name"] for s in version.splits if s["name"] in infos]
+    order = tuple(declared) + tuple(n for n in infos if n not in declared)
+    timeout = version.manifest.get("tool_timeout_seconds") or settings.ORS_DEFAULT_TOOL_TIMEOUT_SECONDS
+    return EnvHandle(
+        environment_id=environment.id, team_id=environment.team_id, team_slug=environment.team.slug,
+        slug=environment.slug, visibility=environment.visibility, version_id=version.id,
+        version_number=version.number, package_path=version.package_path, entrypoint=version.entrypoint,
+        tools=version.tools, tool_timeout=float(timeout), splits=infos, split_order=order,
+    )
+
+
+def environment_resolve(*, caller: Caller, ref: str) -> EnvHandle | None:
+    parsed = parse_env_ref(ref)
+    if parsed is None:
+        return None
+    team_slug, slug, number = parsed
+    candidates = Environment.objects.select_related("team", "current_version").filter(_visible(caller), slug=slug)
+    if team_slug is not None:
+        environment = candidates.filter(team__slug=team_slug).first()
+    else:
+        # A bare slug means the caller's own environment first, then an unambiguous public one.
+        found = list(candidates[:3])
+        own = [e for e in found if e.team_id == caller.team_id]
+        environment = own[0] if own else (found[0] if len(found) == 1 else None)
+    if environment is None:
+        return None
+    version = environment.current_version if number is None else environment.versions.filter(number=number).first()
+    if version is None or version.status != EnvironmentVersion.Status.READY:
+        return None
+    return _handle(environment, version)
+
+
+def environment_resolve_id(*, caller: Caller, environment_id: int) -> EnvHandle | None:
+    environment = (Environment.objects.select_related("team", "current_version")
+                   .filter(_visible(caller), id=environment_id).first())
+    if environment is None or environment.current_version is None:
+        return None
+    return _handle(environment, environment.current_version)
+
+
+def version_handle(*, version_id: int) -> EnvHandle | None:
+    """A session's own version, for sessions the caller already owns (checked by the caller)."""
+    version = EnvironmentVersion.objects.select_related("environment__team").filter(id=version_id).first()
+    return None if version is None else _handle(version.environment, version)
+
+
+def task_spec_get(*, split_id: int, index: int) -> Any:
+    return Task.objects.filter(split_id=split_id, index=index).values_list("spec", flat=True).first()
+
+
+def task_specs_range(*, split_id: int, start: int, stop: int) -> list:
+    return list(Task.objects.filter(split_id=split_id, index__gte=start, index__lt=stop)
+                .order_by("index").values_list("spec", flat=True))

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from django.db import models
+
+from orsplatform.catalog.models import Environment, EnvironmentVersion
+from orsplatform.teams.models import ApiKey, Team
+
+
+class Session(models.Model):
+    """One ORS episode. Secrets are never stored here (nor anywhere)."""
+
+    class Status(models.TextChoices):
+        CREATING = "creating"
+        READY = "ready"
+        FAILED = "failed"
+        DELETED = "deleted"
+        EXPIRED = "expired"
+        LOST = "lost"
+
+    sid = models.CharField(max_length=128, unique=True)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="sessions")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="sessions")
+    version = models.ForeignKey(EnvironmentVersion, on_delete=models.CASCADE, related_name="sessions")
+    task_spec = models.JSONField()
+    split = models.CharField(max_length=100, blank=True)
+    task_index = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATING)
+    runner = models.CharField(max_length=200, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    ready_at = models.DateTimeField(null=True, blank=True)
+    last_activity_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    calls = models.PositiveIntegerField(default=0)
+    total_reward = models.FloatField(null=True, blank=True)
+    finished = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["team", "created_at"]),
+            models.Index(fields=["environment", "created_at"]),
+            models.Index(fields=["status", "last_activity_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return self.sid
+
+
+class ToolCall(models.Model):
+    """The audit log of every tool call, and the store that serves reconnects by task_id."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        OK = "ok"
+        ERROR = "error"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls")
+    task_id = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    input = models.JSONField(default=dict)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.RUNNING)
+    # The full result JSON as sent on the wire ({"ok": ..., "output"|"error": ...}).
+    output = models.JSONField(null=True, blank=True)
+    reward = models.FloatField(null=True, blank=True)
+    finished = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["session", "started_at"])]

@@ -1,0 +1,276 @@
+"""The ORS surface as a lean ASGI application.
+
+Routing is a dictionary lookup on the last path segment; everything before it names the
+environment (``/{slug}/tools``, ``/{team}/{slug}@3/tools``). Handlers live in ``discovery.py``,
+``episodes.py`` and ``calls.py``; their database access goes through ``store.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from orsplatform.catalog.selectors import EnvHandle
+from orsplatform.episodes.models import Session
+from orsplatform.ors import calls, discovery, episodes
+from orsplatform.ors.http import HttpError, Request, read_body, send_error, send_json
+from orsplatform.ors.sessions import LiveSession, PendingSid
+from orsplatform.ors.store import Store, StoreUnavailable
+from orsplatform.ors.wire import require_sid
+from orsplatform.runners.executor import Executor, SetupFailed, SetupPending, UnknownSession
+from orsplatform.teams.auth import ANONYMOUS, AuthError, Caller, extract_token
+
+log = logging.getLogger("orsplatform.ors")
+
+Handler = Callable[["OrsApp", Request, Caller, str | None], Awaitable[Any]]
+
+# op -> (method, handler, access): access is "open" (no auth), "catalog" or "session".
+ROUTES: dict[str, tuple[str, Handler, str]] = {
+    "health": ("GET", discovery.health, "open"),
+    "version": ("GET", discovery.version, "open"),
+    "list_environments": ("GET", discovery.list_environments, "catalog"),
+    "tools": ("GET", discovery.tools, "catalog"),
+    "splits": ("GET", discovery.splits, "catalog"),
+    "tasks": ("POST", discovery.tasks, "catalog"),
+    "num_tasks": ("POST", discovery.num_tasks, "catalog"),
+    "task": ("POST", discovery.task, "catalog"),
+    "task_range": ("POST", discovery.task_range, "catalog"),
+    "create_session": ("POST", episodes.create_session, "session"),
+    "create": ("POST", episodes.create, "session"),
+    "ping": ("POST", episodes.ping, "session"),
+    "delete": ("POST", episodes.delete, "session"),
+    "delete_session": ("POST", episodes.delete_session, "session"),
+    "prompt": ("GET", episodes.prompt, "session"),
+    "task_tools": ("GET", episodes.task_tools, "session"),
+    "call": ("POST", calls.call, "session"),
+}
+
+
+def make_executor() -> Executor:
+    if settings.ORS_EXECUTOR == "inline":
+        from orsplatform.runners.inline import InlineExecutor
+
+        return InlineExecutor(threads=settings.ORS_TOOL_THREADS)
+    raise RuntimeError(f"Unknown ORS_EXECUTOR {settings.ORS_EXECUTOR!r}")
+
+
+class OrsApp:
+    def __init__(self, *, executor: Executor | None = None, store: Store | None = None) -> None:
+        self.executor = executor or make_executor()
+        self.store = store or Store(threads=1 if "sqlite" in settings.DATABASES["default"]["ENGINE"] else 4)
+        self.sessions: dict[str, LiveSession] = {}
+        self.pending: dict[str, PendingSid] = {}
+        self._reaper: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
+
+    # --- ASGI ---------------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+            return
+        self._ensure_reaper()
+        headers = dict(scope["headers"])
+        req = Request(scope=scope, receive=receive, send=send, method=scope["method"], path=scope["path"],
+                      headers=headers)
+        try:
+            await self._handle(req)
+        except HttpError as exc:
+            if not req.started:
+                await send_error(send, exc)
+        except StoreUnavailable as exc:
+            log.warning("database unavailable: %s", exc)
+            if not req.started:
+                await send_error(send, HttpError(503, "Temporarily unavailable; retry shortly.",
+                                                 {"Retry-After": "2"}))
+        except ConnectionResetError:
+            pass
+        except Exception:
+            log.exception("unhandled error on %s %s", req.method, req.path)
+            if not req.started:
+                await send_error(send, HttpError(500, "Internal server error."))
+
+    async def _handle(self, req: Request) -> None:
+        if sum(len(k) + len(v) for k, v in req.headers.items()) > settings.ORS_MAX_HEADER_BYTES:
+            raise HttpError(431, "Request headers are too large.")
+        segments = req.path.strip("/").split("/")
+        op = segments[-1]
+        env_ref = "/".join(segments[:-1]) or None
+        route = ROUTES.get(op)
+        if route is None or (env_ref is not None and len(segments) > 3):
+            raise HttpError(404, "Not found.")
+        method, handler, access = route
+        if req.method != method and not (method == "GET" and req.method == "HEAD"):
+            raise HttpError(405, f"Method not allowed; use {method}.", {"Allow": method})
+        if req.method == "POST":
+            req.body = await read_body(req.receive, settings.ORS_MAX_BODY_BYTES, req.headers.get(b"content-length"))
+        caller = await self._authenticate(req, access)
+        result = await handler(self, req, caller, env_ref)
+        if not req.started:
+            await send_json(req.send, 200, result)
+
+    async def _authenticate(self, req: Request, access: str) -> Caller:
+        if access == "open":
+            return ANONYMOUS
+        try:
+            token = extract_token(req.headers)
+            if token is not None:
+                caller = await self.store.authenticate(token)
+                if access == "session" and not caller.can("sessions"):
+                    raise HttpError(403, "This API key may not run sessions (missing scope 'sessions').")
+                return caller
+        except AuthError as exc:
+            raise HttpError(401, str(exc)) from None
+        allowed = settings.ORS_ANONYMOUS_CATALOG if access == "catalog" else settings.ORS_ANONYMOUS_SESSIONS
+        if not allowed:
+            raise HttpError(401, "An API key is required (X-API-Key or Authorization: Bearer).")
+        return ANONYMOUS
+
+    # --- environments -------------------------------------------------------------------------
+
+    async def environment_for(self, req: Request, caller: Caller, env_ref: str | None,
+                              body_env: str | None = None) -> EnvHandle:
+        """X-Deployment first, then the path, then the body's env_name, then the key's bound
+        environment, then the configured default."""
+        deployment = req.header(b"x-deployment")
+        if deployment is not None and deployment.strip():
+            env = await self.store.environment(caller, deployment.strip())
+            if env is None:
+                raise HttpError(404, "Deployment not found.")
+            return env
+        for ref in (env_ref, body_env):
+            if ref:
+                env = await self.store.environment(caller, ref)
+                if env is None:
+                    raise HttpError(404, f"Environment {ref!r} not found.")
+                return env
+        if caller.environment_id is not None:
+            env = await self.store.environment_by_id(caller, caller.environment_id)
+            if env is not None:
+                return env
+        if settings.ORS_DEFAULT_ENVIRONMENT:
+            env = await self.store.environment(caller, settings.ORS_DEFAULT_ENVIRONMENT)
+            if env is not None:
+                return env
+        raise HttpError(404, "No environment named and no default environment is available.")
+
+    # --- sessions -----------------------------------------------------------------------------
+
+    async def live_session(self, req: Request, caller: Caller) -> LiveSession:
+        """The caller's open session named by X-Session-ID, or the right 4xx for it."""
+        sid = require_sid(req)
+        live = self.sessions.get(sid)
+        if live is not None and live.team_id == caller.team_id and not live.deleted:
+            live.touch()
+            return live
+        raise await self.session_gone_error(caller, sid)
+
+    async def session_gone_error(self, caller: Caller, sid: str) -> HttpError:
+        row = await self.store.session_for(caller, sid)
+        if row is None:
+            return HttpError(404, "Session not found.")
+        if row.status == Session.Status.DELETED:
+            return HttpError(410, "Session was deleted.")
+        if row.status == Session.Status.EXPIRED:
+            minutes = settings.ORS_IDLE_TIMEOUT_SECONDS / 60
+            return HttpError(404, f"Session expired after {minutes:g} minutes without activity.")
+        if row.status == Session.Status.FAILED:
+            return HttpError(500, f"Environment setup failed: {row.error}")
+        # Open in the database but not held here: the process that held it is gone.
+        return HttpError(410, "Session lost: the runner that held it stopped.")
+
+    async def ready(self, live: LiveSession) -> None:
+        try:
+            await self.executor.wait_ready(live.sid, settings.ORS_SETUP_WAIT_SECONDS)
+        except SetupPending:
+            raise HttpError(503, "Environment is still starting; retry shortly.",
+                            {"X-Backend-State": "starting", "Retry-After": "2"}) from None
+        except SetupFailed as exc:
+            raise HttpError(500, f"Environment setup failed: {exc}") from None
+        except UnknownSession:
+            raise HttpError(410, "Session was deleted.") from None
+
+    async def end_session(self, live: LiveSession, status: str) -> None:
+        live.deleted = True
+        self.sessions.pop(live.sid, None)
+        await self.executor.stop(live.sid)
+        await self.store.session_end(live.pk, status, live.last_activity_at())
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # --- background work ----------------------------------------------------------------------
+
+    def _ensure_reaper(self) -> None:
+        # Started on the first request, since not every ASGI server sends lifespan events.
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        last_flush = time.monotonic()
+        while True:
+            await asyncio.sleep(settings.ORS_REAPER_INTERVAL_SECONDS)
+            try:
+                await self.reap_once()
+                if time.monotonic() - last_flush > 30:
+                    await self.flush_activity()
+                    last_flush = time.monotonic()
+            except Exception:
+                log.exception("reaper pass failed")
+
+    async def reap_once(self) -> None:
+        now = time.monotonic()
+        timeout = settings.ORS_IDLE_TIMEOUT_SECONDS
+        for live in list(self.sessions.values()):
+            if now - live.last_activity > timeout and not live.busy():
+                log.info("session %s expired after %.0f s idle", live.sid, now - live.last_activity)
+                await self.end_session(live, Session.Status.EXPIRED)
+            else:
+                linger = settings.ORS_RESULT_LINGER_SECONDS
+                for task_id, entry in list(live.calls.items()):
+                    if entry.finished_at is not None and now - entry.finished_at > linger:
+                        live.calls.pop(task_id, None)
+        for sid, pending in list(self.pending.items()):
+            if now - pending.created > max(timeout, 600):
+                self.pending.pop(sid, None)
+
+    async def flush_activity(self) -> None:
+        changed = {live.pk: live.last_activity_at() for live in self.sessions.values()
+                   if live.last_activity != live.flushed_activity}
+        await self.store.flush_activity(changed)
+        for live in self.sessions.values():
+            live.flushed_activity = live.last_activity
+
+    async def shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for live in list(self.sessions.values()):
+            try:
+                await self.end_session(live, Session.Status.LOST)
+            except Exception:
+                log.exception("could not end session %s at shutdown", live.sid)
+        await self.executor.close()
+        self.store.close()
+
+    async def lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def now():
+    return timezone.now()

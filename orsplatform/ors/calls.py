@@ -1,0 +1,130 @@
+"""POST /{env}/call: run a tool and stream its result over SSE.
+
+The call runs as its own task, not inside the request: a client that disconnects mid-call does not
+cancel it, its audit row is still written, and a reconnect with the same task_id gets its result.
+The result is recorded in the audit log before any client can see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from django.conf import settings
+from django.utils import timezone
+
+from orsplatform.episodes.models import ToolCall
+from orsplatform.ors.http import SSE_HEADERS, SSE_PING, HttpError, Request, sse_event
+from orsplatform.ors.sessions import CallEntry, LiveSession
+from orsplatform.ors.wire import optional_str, require_str
+from orsplatform.runners.executor import CallOutcome, UnknownSession
+from orsplatform.runners.inline import tool_error
+from orsplatform.teams.auth import Caller
+
+if TYPE_CHECKING:
+    from orsplatform.ors.app import OrsApp
+
+log = logging.getLogger("orsplatform.ors")
+CHUNK = 4096
+
+
+async def call(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    live = await app.live_session(req, caller)
+    body = req.json()
+    task_id = optional_str(body, "task_id")
+    if task_id is not None:
+        entry = live.calls.get(task_id) or await _entry_from_audit(app, live, task_id)
+        await _stream(req, entry, task_id)
+        return None
+    name = require_str(body, "name")
+    tool_input = body.get("input", {})
+    if not isinstance(tool_input, dict):
+        raise HttpError(400, "'input' must be a JSON object")
+    await app.ready(live)
+    entry = CallEntry(task_id=uuid.uuid4().hex)
+    live.calls[entry.task_id] = entry
+    entry.task = app.spawn(_run(app, live, entry, name, tool_input))
+    await _stream(req, entry, entry.task_id)
+    return None
+
+
+async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool_input: dict) -> None:
+    started_at = timezone.now()
+    try:
+        if live.finished:
+            outcome = CallOutcome(result=tool_error("The episode has already finished.", "episode_finished"))
+        else:
+            outcome = await app.executor.call(live.sid, name, tool_input, live.env.tool_timeout)
+    except UnknownSession:
+        outcome = CallOutcome(exception="Session was deleted during the call.")
+    if outcome.ok and outcome.result["output"].get("finished"):
+        live.finished = True
+    try:
+        await app.store.tool_call_record(
+            session_pk=live.pk, task_id=entry.task_id, name=name, input=tool_input, result=outcome.result,
+            exception=outcome.exception, started_at=started_at, finished_at=timezone.now(),
+        )
+    except Exception:
+        log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
+    entry.result_json = orjson.dumps(outcome.result).decode() if outcome.result is not None else None
+    entry.exception = outcome.exception
+    entry.finished_at = time.monotonic()
+    live.touch()
+    entry.done.set()
+
+
+async def _entry_from_audit(app: OrsApp, live: LiveSession, task_id: str) -> CallEntry | None:
+    row = await app.store.tool_call_result(live.pk, task_id)
+    if row is None:
+        return None
+    status, result, error = row
+    entry = CallEntry(task_id=task_id)
+    if status == ToolCall.Status.RUNNING:
+        entry.exception = "The call was interrupted."
+    elif result is not None:
+        entry.result_json = orjson.dumps(result).decode()
+    else:
+        entry.exception = error or "The call failed."
+    entry.done.set()
+    return entry
+
+
+async def _wait_disconnect(receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _stream(req: Request, entry: CallEntry | None, task_id: str) -> None:
+    req.started = True
+    await req.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    if entry is None:
+        await req.send({"type": "http.response.body", "body": sse_event("error", "unknown task_id")})
+        return
+    await req.send({"type": "http.response.body", "body": sse_event("task_id", task_id), "more_body": True})
+    if not entry.done.is_set():
+        disconnected = asyncio.ensure_future(_wait_disconnect(req.receive))
+        finished = asyncio.ensure_future(entry.done.wait())
+        try:
+            while not entry.done.is_set():
+                done, _ = await asyncio.wait({finished, disconnected}, timeout=settings.ORS_SSE_PING_SECONDS,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if disconnected in done:
+                    return  # the call goes on; its result waits for a reconnect
+                if not done:
+                    await req.send({"type": "http.response.body", "body": SSE_PING, "more_body": True})
+        finally:
+            disconnected.cancel()
+            finished.cancel()
+    if entry.exception is not None:
+        await req.send({"type": "http.response.body", "body": sse_event("error", entry.exception)})
+        return
+    data = entry.result_json or ""
+    pieces = [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)] or [""]
+    events = [sse_event("chunk", p) for p in pieces[:-1]] + [sse_event("end", pieces[-1])]
+    await req.send({"type": "http.response.body", "body": b"".join(events)})

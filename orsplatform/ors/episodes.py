@@ -1,0 +1,165 @@
+"""Session lifecycle endpoints: create_session, create, ping, prompt, task_tools, delete."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError
+from django.utils import timezone
+
+from orsplatform.episodes.models import Session
+from orsplatform.ors.http import SSE_HEADERS, HttpError, Request, sse_event
+from orsplatform.ors.sessions import LiveSession, PendingSid
+from orsplatform.ors.wire import (
+    env_vars_from_body,
+    optional_int,
+    optional_str,
+    require_sid,
+    secrets_from_body,
+    secrets_from_header,
+)
+from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
+from orsplatform.teams.auth import Caller
+
+if TYPE_CHECKING:
+    from orsplatform.ors.app import OrsApp
+
+log = logging.getLogger("orsplatform.ors")
+MAX_PENDING = 200_000
+
+
+async def create_session(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    body = req.json(required=False)
+    pending = PendingSid(team_id=caller.team_id, secrets=secrets_from_header(req), env_vars=env_vars_from_body(body))
+    sid = str(uuid.uuid4())
+    if (pending.secrets or pending.env_vars) and len(app.pending) < MAX_PENDING:
+        app.pending[sid] = pending
+    if not req.accepts_sse():
+        return {"sid": sid}
+    # Both official clients parse only SSE here (and retry forever on JSON).
+    req.started = True
+    await req.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    await req.send({"type": "http.response.body", "body": sse_event("task_id", sid) + sse_event("end", "")})
+    return None
+
+
+async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    sid = require_sid(req)
+    body = req.json(required=False)
+    env_name = optional_str(body, "env_name")
+    optional_str(body, "toolset_name")
+    task_spec = body.get("task_spec")
+    split_name = optional_str(body, "split")
+    index = optional_int(body, "index")
+    has_spec = task_spec is not None
+    has_index = split_name is not None and index is not None
+    if (split_name is None) != (index is None):
+        raise HttpError(400, "'split' and 'index' must be given together")
+    if has_spec == has_index:
+        raise HttpError(400, "Provide either task_spec or both split and index, not both/neither")
+    if has_spec and not isinstance(task_spec, dict):
+        raise HttpError(400, "'task_spec' must be a JSON object")
+    secrets = secrets_from_header(req)
+    secrets.update(secrets_from_body(body))
+
+    env = await app.environment_for(req, caller, env_ref, body_env=env_name)
+    if has_index:
+        split = env.splits.get(split_name)
+        if split is None:
+            raise HttpError(400, "Invalid split")
+        if not 0 <= index < split.num_tasks:
+            raise HttpError(400, "Invalid index")
+        task_spec = await app.store.task_spec(split.id, index)
+        if task_spec is None:
+            raise HttpError(400, "Invalid index")
+    if sid in app.sessions:
+        raise HttpError(400, "Session already exists")
+
+    pending = app.pending.pop(sid, None)
+    if pending is not None and pending.team_id == caller.team_id:
+        secrets = {**pending.secrets, **secrets}
+    try:
+        pk = await app.store.session_create(
+            sid=sid, caller=caller, env=env, task_spec=task_spec, split=split_name or "", index=index,
+            runner="inline",
+        )
+    except IntegrityError:
+        raise HttpError(400, "Session already exists") from None
+    live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env)
+    app.sessions[sid] = live
+    await app.executor.start(SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,
+                                         task_spec=task_spec, secrets=secrets))
+    app.spawn(_record_setup(app, live))
+    return {"sid": sid}
+
+
+async def _record_setup(app: OrsApp, live: LiveSession) -> None:
+    try:
+        await app.executor.wait_ready(live.sid, float("inf"))
+    except SetupFailed as exc:
+        await app.store.session_mark_failed(live.pk, str(exc))
+        return
+    except UnknownSession:
+        return
+    await app.store.session_mark_ready(live.pk, timezone.now())
+
+
+async def ping(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    await app.live_session(req, caller)
+    return {"status": "ok"}
+
+
+async def prompt(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    live = await app.live_session(req, caller)
+    await app.ready(live)
+    try:
+        return await app.executor.prompt(live.sid)
+    except UnknownSession:
+        raise HttpError(410, "Session was deleted.") from None
+    except Exception as exc:  # the environment's get_prompt() failed
+        raise HttpError(500, f"get_prompt failed: {type(exc).__name__}: {exc}") from None
+
+
+async def task_tools(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    live = await app.live_session(req, caller)
+    await app.ready(live)
+    try:
+        return {"tools": [*live.env.tools, *await app.executor.task_tools(live.sid)]}
+    except UnknownSession:
+        raise HttpError(410, "Session was deleted.") from None
+    except Exception as exc:
+        raise HttpError(500, f"list_task_tools failed: {type(exc).__name__}: {exc}") from None
+
+
+async def _end(app: OrsApp, live: LiveSession) -> None:
+    await app.end_session(live, Session.Status.DELETED)
+
+
+async def delete(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    sid = require_sid(req)
+    live = app.sessions.get(sid)
+    if live is not None and live.team_id == caller.team_id:
+        await _end(app, live)
+        return {"sid": sid}
+    row = await app.store.session_for(caller, sid)
+    if row is None:
+        raise HttpError(404, "Session not found.")
+    if row.status in (Session.Status.CREATING, Session.Status.READY, Session.Status.FAILED):
+        await app.store.session_end(row.pk, Session.Status.DELETED)
+    # Deleting twice (or after expiry) is not an error: teardown already happened.
+    return {"sid": sid}
+
+
+async def delete_session(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    sid = require_sid(req)
+    pending = app.pending.get(sid)
+    if pending is not None and pending.team_id == caller.team_id:
+        app.pending.pop(sid, None)
+    live = app.sessions.get(sid)
+    if live is not None and live.team_id == caller.team_id:
+        await _end(app, live)
+    # Clients call this for throwaway ids that never reached /create, so an unknown (or another
+    # team's, indistinguishably) id is a 200 no-op.
+    return {"sid": sid}

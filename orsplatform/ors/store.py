@@ -1,0 +1,165 @@
+"""Every database access of the ORS hot path goes through here.
+
+Selectors and services run on a small dedicated thread pool, each thread keeping its own
+connection, so the event loop never blocks on the database and a request does not pay for a new
+connection. Catalog lookups are cached briefly: versions are immutable, and a moved
+``current_version`` (rollback) or a re-ingested split is seen within ORS_CATALOG_CACHE_SECONDS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, connection
+
+from orsplatform.catalog import selectors as catalog
+from orsplatform.catalog.selectors import EnvHandle
+from orsplatform.episodes import selectors as episodes
+from orsplatform.episodes import services as episode_services
+from orsplatform.episodes.selectors import SessionRow
+from orsplatform.teams import auth
+from orsplatform.teams.auth import Caller
+from orsplatform.teams.services import api_keys_touch
+
+T = TypeVar("T")
+
+
+class StoreUnavailable(Exception):
+    """The database could not be reached; requests answer 503."""
+
+
+def _guarded(fn: Callable[..., T], kwargs: dict) -> T:
+    try:
+        return fn(**kwargs)
+    except IntegrityError:
+        raise
+    except DatabaseError as exc:
+        # Drop a broken connection so the next call on this thread reconnects.
+        try:
+            connection.close()
+        except Exception:
+            pass
+        raise StoreUnavailable(str(exc)) from exc
+
+
+class _TtlCache:
+    def __init__(self) -> None:
+        self._data: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any) -> Any:
+        hit = self._data.get(key)
+        if hit is None or time.monotonic() - hit[0] > settings.ORS_CATALOG_CACHE_SECONDS:
+            return None
+        return hit[1]
+
+    def put(self, key: Any, value: Any) -> None:
+        if len(self._data) > 50_000:
+            self._data.clear()
+        self._data[key] = (time.monotonic(), value)
+
+
+class Store:
+    def __init__(self, threads: int) -> None:
+        self._threads = threads
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ors-db")
+        self._envs = _TtlCache()
+        self._versions: dict[int, EnvHandle] = {}
+
+    async def _run(self, fn: Callable[..., T], **kwargs: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _guarded, fn, kwargs)
+
+    # auth
+    async def authenticate(self, token: str) -> Caller:
+        caller = auth.key_cache.get(token)
+        if caller is None:
+            caller, expires_at = await self._run(lambda: auth.verify_token(token))
+            auth.key_cache.put(token, caller, expires_at)
+        auth.key_cache.note_use(caller)
+        return caller
+
+    # catalog
+    async def environment(self, caller: Caller, ref: str) -> EnvHandle | None:
+        key = (caller.team_id, ref)
+        handle = self._envs.get(key)
+        if handle is None:
+            handle = await self._run(catalog.environment_resolve, caller=caller, ref=ref)
+            if handle is not None:
+                self._envs.put(key, handle)
+        return handle
+
+    async def environment_by_id(self, caller: Caller, environment_id: int) -> EnvHandle | None:
+        key = (caller.team_id, environment_id)
+        handle = self._envs.get(key)
+        if handle is None:
+            handle = await self._run(catalog.environment_resolve_id, caller=caller, environment_id=environment_id)
+            if handle is not None:
+                self._envs.put(key, handle)
+        return handle
+
+    async def environments_visible(self, caller: Caller) -> list[str]:
+        envs = await self._run(catalog.environments_visible, caller=caller)
+        return [e.full_name for e in envs]
+
+    async def version(self, version_id: int) -> EnvHandle | None:
+        handle = self._versions.get(version_id)
+        if handle is None:
+            handle = await self._run(catalog.version_handle, version_id=version_id)
+            if handle is not None and len(self._versions) < 10_000:
+                self._versions[version_id] = handle
+        return handle
+
+    async def task_spec(self, split_id: int, index: int) -> Any:
+        return await self._run(catalog.task_spec_get, split_id=split_id, index=index)
+
+    async def task_specs(self, split_id: int, start: int, stop: int) -> list:
+        return await self._run(catalog.task_specs_range, split_id=split_id, start=start, stop=stop)
+
+    # sessions
+    async def session_for(self, caller: Caller, sid: str) -> SessionRow | None:
+        return await self._run(episodes.session_get_for_caller, caller=caller, sid=sid)
+
+    async def sid_taken(self, sid: str) -> bool:
+        return await self._run(episodes.session_sid_taken, sid=sid)
+
+    async def session_create(self, **kwargs: Any) -> int:
+        return await self._run(episode_services.session_create, **kwargs)
+
+    async def session_mark_ready(self, pk: int, ready_at: datetime) -> None:
+        await self._run(episode_services.session_mark_ready, pk=pk, ready_at=ready_at)
+
+    async def session_mark_failed(self, pk: int, error: str) -> None:
+        await self._run(episode_services.session_mark_failed, pk=pk, error=error)
+
+    async def session_end(self, pk: int, status: str, last_activity_at: datetime | None = None,
+                          error: str = "") -> None:
+        await self._run(episode_services.session_end, pk=pk, status=status,
+                        last_activity_at=last_activity_at, error=error)
+
+    async def tool_call_record(self, **kwargs: Any) -> None:
+        await self._run(episode_services.tool_call_record, **kwargs)
+
+    async def tool_call_result(self, session_pk: int, task_id: str) -> tuple[str, dict | None, str] | None:
+        return await self._run(episodes.tool_call_result_get, session_pk=session_pk, task_id=task_id)
+
+    async def flush_activity(self, activity: dict[int, datetime]) -> None:
+        if activity:
+            await self._run(episode_services.sessions_touch, activity=activity)
+        last_used = auth.key_cache.drain_last_used()
+        if last_used:
+            await self._run(api_keys_touch, last_used=last_used)
+
+    def close(self) -> None:
+        # Close each thread's connection so the database can be dropped (tests) or restarted.
+        futures = [self._pool.submit(connection.close) for _ in range(self._threads)]
+        for future in futures:
+            try:
+                future.result(timeout=5)
+            except Exception:
+                pass
+        self._pool.shutdown(wait=False)

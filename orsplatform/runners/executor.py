@@ -1,0 +1,73 @@
+"""Where environment instances live. The ORS views talk only to this interface, so a backend that
+keeps instances on other machines (Celery runner nodes) slots in without touching them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    sid: str
+    package_path: str
+    entrypoint: str
+    task_spec: Any
+    # Secrets live only in the memory of the process that runs the instance.
+    secrets: dict[str, str] = field(repr=False, default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """What a tool call produced. ``result`` is the ORS result object ({"ok": ...}) when the call
+    completed (successfully or with a tool-level error); ``exception`` is set instead when the
+    environment's code raised, which the stream reports as an ``error`` event."""
+
+    result: dict | None = None
+    exception: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.result and self.result.get("ok"))
+
+
+class SetupPending(Exception):
+    """setup() has not finished within the wait bound."""
+
+
+class SetupFailed(Exception):
+    """setup() (or the environment's constructor) raised."""
+
+
+class UnknownSession(Exception):
+    """The executor holds no instance for this session."""
+
+
+class Executor(ABC):
+    @abstractmethod
+    async def start(self, spec: SessionSpec) -> None:
+        """Begin creating the instance and running setup() in the background; return at once."""
+
+    @abstractmethod
+    async def wait_ready(self, sid: str, timeout: float) -> None:
+        """Wait for setup. Raises SetupPending, SetupFailed or UnknownSession."""
+
+    @abstractmethod
+    async def prompt(self, sid: str) -> list[dict]:
+        """The task's prompt blocks, as wire dicts."""
+
+    @abstractmethod
+    async def task_tools(self, sid: str) -> list[dict]:
+        """The task-specific tool specs (list_task_tools), as wire dicts; shared ones are stored."""
+
+    @abstractmethod
+    async def call(self, sid: str, name: str, input: dict, timeout: float) -> CallOutcome:
+        """Run one tool call; calls of one session run one at a time."""
+
+    @abstractmethod
+    async def stop(self, sid: str) -> None:
+        """Tear the instance down (teardown()); a no-op for an unknown session."""
+
+    async def close(self) -> None:
+        """Release the backend's resources when the gateway shuts down."""

@@ -1,0 +1,152 @@
+"""The one settings module. Embedded defaults run on one box with no services (SQLite, in-memory
+channel layer, inline executor); environment variables switch on production pieces."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("ORS_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+DEBUG = env_bool("DEBUG", True)
+# The embedded default is for a developer's box; production must set its own.
+SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "orsplatform.teams",
+    "orsplatform.catalog",
+    "orsplatform.episodes",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "orsplatform.urls"
+ASGI_APPLICATION = "orsplatform.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
+        # Under ASGI a persistent connection per request thread would pin connections to open
+        # streams; the hot path keeps its own long-lived connection on the DB thread instead.
+        conn_max_age=0,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A file (not :memory:) so that a server subprocess started by a test sees the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS: list[dict] = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "static"
+LOGIN_URL = "/admin/login/"
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                  "CONFIG": {"hosts": [REDIS_URL]}}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "memory://")
+CELERY_TASK_ALWAYS_EAGER = not os.environ.get("CELERY_BROKER_URL") and not REDIS_URL
+
+# --- ORS platform settings ------------------------------------------------------------------------
+ORS_EXECUTOR = os.environ.get("ORS_EXECUTOR", "inline")
+# Idle sessions are torn down after this long without a request carrying their id (ORS: 15 min).
+ORS_IDLE_TIMEOUT_SECONDS = env_float("ORS_IDLE_TIMEOUT_SECONDS", 15 * 60)
+ORS_REAPER_INTERVAL_SECONDS = env_float("ORS_REAPER_INTERVAL_SECONDS", 5.0)
+# How long a request waits for setup() before answering 503 starting (the reference waits 25 s).
+ORS_SETUP_WAIT_SECONDS = env_float("ORS_SETUP_WAIT_SECONDS", 25.0)
+# SSE comment pings while a tool runs; the openreward client gives up after 30 s of silence.
+ORS_SSE_PING_SECONDS = env_float("ORS_SSE_PING_SECONDS", 5.0)
+# Finished call results stay in memory this long for reconnects (then the audit row serves them).
+ORS_RESULT_LINGER_SECONDS = env_float("ORS_RESULT_LINGER_SECONDS", 120.0)
+ORS_MAX_BODY_BYTES = env_int("ORS_MAX_BODY_BYTES", 10 * 1024 * 1024)
+ORS_MAX_HEADER_BYTES = env_int("ORS_MAX_HEADER_BYTES", 16 * 1024)
+ORS_MAX_LIST_TASKS = env_int("ORS_MAX_LIST_TASKS", 100_000)
+ORS_TOOL_THREADS = env_int("ORS_TOOL_THREADS", 64)
+ORS_DEFAULT_TOOL_TIMEOUT_SECONDS = env_float("ORS_DEFAULT_TOOL_TIMEOUT_SECONDS", 600.0)
+# Environment used by clients that name none (ors.client's split+index form); "team/slug".
+ORS_DEFAULT_ENVIRONMENT = os.environ.get("ORS_DEFAULT_ENVIRONMENT", "builtin/math")
+ORS_BUILTIN_TEAM = os.environ.get("ORS_BUILTIN_TEAM", "builtin")
+# Anonymous callers: may they read public catalogs? may they run sessions?
+ORS_ANONYMOUS_CATALOG = env_bool("ORS_ANONYMOUS_CATALOG", True)
+ORS_ANONYMOUS_SESSIONS = env_bool("ORS_ANONYMOUS_SESSIONS", False)
+# Seconds a verified API key is trusted from the in-process cache before it is looked up again.
+ORS_AUTH_CACHE_SECONDS = env_float("ORS_AUTH_CACHE_SECONDS", 2.0)
+ORS_CATALOG_CACHE_SECONDS = env_float("ORS_CATALOG_CACHE_SECONDS", 2.0)
+ORS_PACKAGE_DIR = Path(os.environ.get("ORS_PACKAGE_DIR", VAR_DIR / "packages"))
+ORS_ENVS_DIR = Path(os.environ.get("ORS_ENVS_DIR", BASE_DIR / "envs"))
+ORS_INSPECT_TIMEOUT_SECONDS = env_float("ORS_INSPECT_TIMEOUT_SECONDS", 120.0)
+
+LOG_LEVEL = os.environ.get("ORS_LOG_LEVEL", "INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
