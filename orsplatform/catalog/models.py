@@ -75,6 +75,8 @@ class Split(models.Model):
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.VALIDATION)
     # Kept in step with the Task rows so num_tasks is constant time.
     num_tasks = models.PositiveIntegerField(default=0)
+    # Bumped on every ingest, so caches keyed by it never serve replaced tasks.
+    revision = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["environment", "name"], name="split_env_name_unique")]

@@ -19,6 +19,7 @@ class SplitInfo:
     name: str
     type: str
     num_tasks: int
+    revision: int
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def environments_visible(*, caller: Caller) -> list[Environment]:
 
 
 def _handle(environment: Environment, version: EnvironmentVersion) -> EnvHandle:
-    infos = {s.name: SplitInfo(s.id, s.name, s.type, s.num_tasks)
+    infos = {s.name: SplitInfo(s.id, s.name, s.type, s.num_tasks, s.revision)
              for s in Split.objects.filter(environment=environment).order_by("id")}
     declared = [s["name"] for s in version.splits if s["name"] in infos]
     order = tuple(declared) + tuple(n for n in infos if n not in declared)

@@ -111,7 +111,8 @@ def split_replace_tasks(*, environment: Environment, name: str, type: str, specs
     if batch:
         Task.objects.bulk_create(batch)
     split.num_tasks = count
-    split.save(update_fields=["num_tasks"])
+    split.revision += 1
+    split.save(update_fields=["num_tasks", "revision"])
     return split
 
 

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
 
 from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.models import Session
@@ -200,7 +199,7 @@ class OrsApp:
         live.deleted = True
         self.sessions.pop(live.sid, None)
         await self.executor.stop(live.sid)
-        await self.store.session_end(live.pk, status, live.last_activity_at())
+        await self.store.session_end(live.pk, status, live.last_activity_at(), live.totals(), live.ready_at)
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -244,11 +243,12 @@ class OrsApp:
                 self.pending.pop(sid, None)
 
     async def flush_activity(self) -> None:
-        changed = {live.pk: live.last_activity_at() for live in self.sessions.values()
-                   if live.last_activity != live.flushed_activity}
-        await self.store.flush_activity(changed)
-        for live in self.sessions.values():
+        changed = [live for live in self.sessions.values()
+                   if live.last_activity != live.flushed_activity or (live.ready_at and not live.ready_flushed)]
+        await self.store.flush_activity({live.pk: (live.last_activity_at(), live.ready_at) for live in changed})
+        for live in changed:
             live.flushed_activity = live.last_activity
+            live.ready_flushed = live.ready_at is not None
 
     async def shutdown(self) -> None:
         if self._reaper is not None:
@@ -270,7 +270,3 @@ class OrsApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-
-def now():
-    return timezone.now()

@@ -61,8 +61,7 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
             outcome = await app.executor.call(live.sid, name, tool_input, live.env.tool_timeout)
     except UnknownSession:
         outcome = CallOutcome(exception="Session was deleted during the call.")
-    if outcome.ok and outcome.result["output"].get("finished"):
-        live.finished = True
+    live.count_call(outcome.result)
     try:
         await app.store.tool_call_record(
             session_pk=live.pk, task_id=entry.task_id, name=name, input=tool_input, result=outcome.result,

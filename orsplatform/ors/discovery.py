@@ -78,7 +78,7 @@ async def task(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -
     index = require_int(body, "index")
     if not 0 <= index < split.num_tasks:
         raise HttpError(400, "Invalid index")
-    spec = await app.store.task_spec(split.id, index)
+    spec = await app.store.task_spec(split, index)
     if spec is None:
         raise HttpError(400, "Invalid index")
     return {"task": spec, "env_name": _env_name(req, env, env_ref)}

@@ -71,7 +71,7 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
             raise HttpError(400, "Invalid split")
         if not 0 <= index < split.num_tasks:
             raise HttpError(400, "Invalid index")
-        task_spec = await app.store.task_spec(split.id, index)
+        task_spec = await app.store.task_spec(split, index)
         if task_spec is None:
             raise HttpError(400, "Invalid index")
     if sid in app.sessions:
@@ -96,6 +96,8 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
 
 
 async def _record_setup(app: OrsApp, live: LiveSession) -> None:
+    # A failure is written at once; readiness is coalesced into the activity flush (and the
+    # session's end), which saves a write per episode.
     try:
         await app.executor.wait_ready(live.sid, float("inf"))
     except SetupFailed as exc:
@@ -103,7 +105,7 @@ async def _record_setup(app: OrsApp, live: LiveSession) -> None:
         return
     except UnknownSession:
         return
-    await app.store.session_mark_ready(live.pk, timezone.now())
+    live.ready_at = timezone.now()
 
 
 async def ping(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:

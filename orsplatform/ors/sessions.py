@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from orsplatform.catalog.selectors import EnvHandle
+from orsplatform.episodes.services import SessionTotals
 
 
 @dataclass
@@ -29,9 +30,27 @@ class LiveSession:
     env: EnvHandle
     last_activity: float = field(default_factory=time.monotonic)
     flushed_activity: float = 0.0
+    # Set in memory when setup() finishes; written with the coalesced activity flush and at the end.
+    ready_at: datetime | None = None
+    ready_flushed: bool = False
     finished: bool = False
     deleted: bool = False
     calls: dict[str, CallEntry] = field(default_factory=dict)
+    # Running totals, written once when the session ends.
+    call_count: int = 0
+    total_reward: float | None = None
+
+    def count_call(self, result: dict | None) -> None:
+        self.call_count += 1
+        if result and result.get("ok"):
+            output = result["output"]
+            if output.get("reward") is not None:
+                self.total_reward = (self.total_reward or 0.0) + output["reward"]
+            if output.get("finished"):
+                self.finished = True
+
+    def totals(self) -> SessionTotals:
+        return SessionTotals(calls=self.call_count, total_reward=self.total_reward, finished=self.finished)
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()

@@ -4,6 +4,10 @@ Selectors and services run on a small dedicated thread pool, each thread keeping
 connection, so the event loop never blocks on the database and a request does not pay for a new
 connection. Catalog lookups are cached briefly: versions are immutable, and a moved
 ``current_version`` (rollback) or a re-ingested split is seen within ORS_CATALOG_CACHE_SECONDS.
+
+Writes are group-committed: concurrent requests queue their writes, one flusher runs everything
+queued in a single transaction, and each request resumes only after that commit, so every answer
+the platform gives is already durable while a busy gateway pays one commit per batch, not per row.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection
+from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from orsplatform.catalog import selectors as catalog
-from orsplatform.catalog.selectors import EnvHandle
+from orsplatform.catalog.selectors import EnvHandle, SplitInfo
 from orsplatform.episodes import selectors as episodes
 from orsplatform.episodes import services as episode_services
 from orsplatform.episodes.selectors import SessionRow
+from orsplatform.episodes.services import SessionTotals
 from orsplatform.teams import auth
 from orsplatform.teams.auth import Caller
 from orsplatform.teams.services import api_keys_touch
@@ -48,6 +53,71 @@ def _guarded(fn: Callable[..., T], kwargs: dict) -> T:
         raise StoreUnavailable(str(exc)) from exc
 
 
+def _run_batch(ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, Any]]:
+    """Run queued writes in one transaction; if any fails, redo them one by one so a single bad
+    write (a duplicate sid) fails alone."""
+    try:
+        with transaction.atomic():
+            return [(True, fn(**kwargs)) for fn, kwargs in ops]
+    except DatabaseError:
+        pass
+    results: list[tuple[bool, Any]] = []
+    for fn, kwargs in ops:
+        try:
+            with transaction.atomic():
+                results.append((True, fn(**kwargs)))
+        except IntegrityError as exc:
+            results.append((False, exc))
+        except DatabaseError as exc:
+            try:
+                connection.close()
+            except Exception:
+                pass
+            results.append((False, StoreUnavailable(str(exc))))
+    return results
+
+
+class WriteBatcher:
+    def __init__(self, pool: ThreadPoolExecutor, max_batch: int = 500) -> None:
+        self._pool = pool
+        self._max_batch = max_batch
+        self._queue: list[tuple[Callable[..., Any], dict, asyncio.Future]] = []
+        self._wakeup: asyncio.Event | None = None
+        self._flusher: asyncio.Task | None = None
+
+    async def submit(self, fn: Callable[..., T], **kwargs: Any) -> T:
+        if self._flusher is None or self._flusher.done():
+            self._wakeup = asyncio.Event()
+            self._flusher = asyncio.create_task(self._flush_forever())
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((fn, kwargs, future))
+        self._wakeup.set()
+        return await future
+
+    async def _flush_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
+                try:
+                    results = await loop.run_in_executor(self._pool, _run_batch, [(f, k) for f, k, _ in batch])
+                except Exception as exc:  # the thread pool itself failed
+                    results = [(False, StoreUnavailable(str(exc)))] * len(batch)
+                for (_, _, future), (ok, value) in zip(batch, results, strict=True):
+                    if future.done():
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+
+    def stop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+
+
 class _TtlCache:
     def __init__(self) -> None:
         self._data: dict[Any, tuple[float, Any]] = {}
@@ -70,6 +140,9 @@ class Store:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ors-db")
         self._envs = _TtlCache()
         self._versions: dict[int, EnvHandle] = {}
+        # Task specs by (split, revision, index): a re-ingest bumps the revision.
+        self._tasks: dict[tuple[int, int, int], Any] = {}
+        self.writes = WriteBatcher(self._pool)
 
     async def _run(self, fn: Callable[..., T], **kwargs: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, _guarded, fn, kwargs)
@@ -114,8 +187,16 @@ class Store:
                 self._versions[version_id] = handle
         return handle
 
-    async def task_spec(self, split_id: int, index: int) -> Any:
-        return await self._run(catalog.task_spec_get, split_id=split_id, index=index)
+    async def task_spec(self, split: SplitInfo, index: int) -> Any:
+        key = (split.id, split.revision, index)
+        spec = self._tasks.get(key)
+        if spec is None:
+            spec = await self._run(catalog.task_spec_get, split_id=split.id, index=index)
+            if spec is not None:
+                if len(self._tasks) >= 100_000:
+                    self._tasks.clear()
+                self._tasks[key] = spec
+        return spec
 
     async def task_specs(self, split_id: int, start: int, stop: int) -> list:
         return await self._run(catalog.task_specs_range, split_id=split_id, start=start, stop=stop)
@@ -128,33 +209,31 @@ class Store:
         return await self._run(episodes.session_sid_taken, sid=sid)
 
     async def session_create(self, **kwargs: Any) -> int:
-        return await self._run(episode_services.session_create, **kwargs)
-
-    async def session_mark_ready(self, pk: int, ready_at: datetime) -> None:
-        await self._run(episode_services.session_mark_ready, pk=pk, ready_at=ready_at)
+        return await self.writes.submit(episode_services.session_create, **kwargs)
 
     async def session_mark_failed(self, pk: int, error: str) -> None:
-        await self._run(episode_services.session_mark_failed, pk=pk, error=error)
+        await self.writes.submit(episode_services.session_mark_failed, pk=pk, error=error)
 
     async def session_end(self, pk: int, status: str, last_activity_at: datetime | None = None,
-                          error: str = "") -> None:
-        await self._run(episode_services.session_end, pk=pk, status=status,
-                        last_activity_at=last_activity_at, error=error)
+                          totals: SessionTotals | None = None, ready_at: datetime | None = None) -> None:
+        await self.writes.submit(episode_services.session_end, pk=pk, status=status,
+                                 last_activity_at=last_activity_at, totals=totals, ready_at=ready_at)
 
     async def tool_call_record(self, **kwargs: Any) -> None:
-        await self._run(episode_services.tool_call_record, **kwargs)
+        await self.writes.submit(episode_services.tool_call_record, **kwargs)
 
     async def tool_call_result(self, session_pk: int, task_id: str) -> tuple[str, dict | None, str] | None:
         return await self._run(episodes.tool_call_result_get, session_pk=session_pk, task_id=task_id)
 
-    async def flush_activity(self, activity: dict[int, datetime]) -> None:
+    async def flush_activity(self, activity: dict[int, tuple[datetime, datetime | None]]) -> None:
         if activity:
-            await self._run(episode_services.sessions_touch, activity=activity)
+            await self.writes.submit(episode_services.sessions_touch, activity=activity)
         last_used = auth.key_cache.drain_last_used()
         if last_used:
-            await self._run(api_keys_touch, last_used=last_used)
+            await self.writes.submit(api_keys_touch, last_used=last_used)
 
     def close(self) -> None:
+        self.writes.stop()
         # Close each thread's connection so the database can be dropped (tests) or restarted.
         futures = [self._pool.submit(connection.close) for _ in range(self._threads)]
         for future in futures:

@@ -69,10 +69,11 @@ class InlineExecutor(Executor):
 
     async def _setup(self, live: _Live, spec: SessionSpec) -> None:
         try:
-            cls = await self._run(load_environment_class, spec.package_path, spec.entrypoint)
-            instance = await self._run(lambda: cls(task_spec=spec.task_spec, secrets=dict(spec.secrets)))
-            if _overrides(instance, "setup"):
-                await self._run(instance.setup)
+            # One thread hop for import, construction and a sync setup(); an async setup() then
+            # runs on the loop.
+            instance, pending = await self._run(self._build, spec)
+            if pending is not None:
+                await pending
             live.instance = instance
         except asyncio.CancelledError:
             live.error = "Session deleted during setup."
@@ -82,6 +83,17 @@ class InlineExecutor(Executor):
             live.error = f"{type(exc).__name__}: {exc}"
         finally:
             live.ready.set()
+
+    @staticmethod
+    def _build(spec: SessionSpec) -> tuple[Environment, Any]:
+        cls = load_environment_class(spec.package_path, spec.entrypoint)
+        instance = cls(task_spec=spec.task_spec, secrets=dict(spec.secrets))
+        if not _overrides(instance, "setup"):
+            return instance, None
+        if inspect.iscoroutinefunction(inspect.unwrap(instance.setup)):
+            return instance, instance.setup()  # a coroutine, awaited on the loop
+        result = instance.setup()
+        return instance, result if inspect.isawaitable(result) else None
 
     async def wait_ready(self, sid: str, timeout: float) -> None:
         live = self._live.get(sid)

@@ -1,0 +1,49 @@
+# The two commands of the README: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+HOST ?= 127.0.0.1
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install migrate publish devkey bench bench-postgres lint clean up
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	mkdir -p var
+	$(PY) manage.py migrate --noinput
+
+publish: migrate
+	$(PY) manage.py publish_envs
+
+devkey: publish
+	@$(PY) manage.py dev_key
+
+run: publish devkey
+	$(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
+		--loop uvloop --http httptools --no-access-log --timeout-graceful-shutdown 5
+
+test: install
+	$(PY) -m pytest
+
+bench: install
+	$(PY) bench/compare.py --concurrency 16 --duration 20
+
+bench-postgres: install
+	$(PY) bench/compare.py --concurrency 16 --duration 20 --postgres
+
+lint: install
+	$(PY) -m ruff check .
+
+up:
+	docker compose -f docker/compose.yml up --build
+
+clean:
+	rm -rf var .pytest_cache
