@@ -53,12 +53,39 @@ def _guarded(fn: Callable[..., T], kwargs: dict) -> T:
         raise StoreUnavailable(str(exc)) from exc
 
 
+# Writes that have a many-rows form: a batch runs each as one statement.
+# single function -> (many function, whether it returns one value per row)
+BULK: dict[Callable[..., Any], tuple[Callable[..., Any], bool]] = {
+    episode_services.session_create: (episode_services.sessions_create, True),
+    episode_services.tool_call_record: (episode_services.tool_calls_record, False),
+    episode_services.session_end: (episode_services.sessions_end, False),
+}
+
+
+def _run_grouped(ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, Any]]:
+    # Ops in one batch are independent (a request awaits its write before the next depends on
+    # it), so grouping them by kind does not reorder anything that matters.
+    results: list[tuple[bool, Any] | None] = [None] * len(ops)
+    groups: dict[Callable[..., Any], list[int]] = {}
+    for i, (fn, kwargs) in enumerate(ops):
+        if fn in BULK:
+            groups.setdefault(fn, []).append(i)
+        else:
+            results[i] = (True, fn(**kwargs))
+    for fn, indexes in groups.items():
+        many, per_row = BULK[fn]
+        value = many(rows=[ops[i][1] for i in indexes])
+        for n, i in enumerate(indexes):
+            results[i] = (True, value[n] if per_row else None)
+    return results  # type: ignore[return-value]
+
+
 def _run_batch(ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, Any]]:
     """Run queued writes in one transaction; if any fails, redo them one by one so a single bad
     write (a duplicate sid) fails alone."""
     try:
         with transaction.atomic():
-            return [(True, fn(**kwargs)) for fn, kwargs in ops]
+            return _run_grouped(ops)
     except DatabaseError:
         pass
     results: list[tuple[bool, Any]] = []
@@ -78,17 +105,21 @@ def _run_batch(ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, A
 
 
 class WriteBatcher:
-    def __init__(self, pool: ThreadPoolExecutor, max_batch: int = 500) -> None:
+    """Group commit. Up to ``flushers`` batches are in flight at once (one per DB thread), so on
+    PostgreSQL the next batch fills and commits while the previous one waits for its WAL flush."""
+
+    def __init__(self, pool: ThreadPoolExecutor, *, flushers: int, max_batch: int = 500) -> None:
         self._pool = pool
+        self._flushers = flushers
         self._max_batch = max_batch
         self._queue: list[tuple[Callable[..., Any], dict, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
-        self._flusher: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
 
     async def submit(self, fn: Callable[..., T], **kwargs: Any) -> T:
-        if self._flusher is None or self._flusher.done():
+        if not self._tasks or all(t.done() for t in self._tasks):
             self._wakeup = asyncio.Event()
-            self._flusher = asyncio.create_task(self._flush_forever())
+            self._tasks = [asyncio.create_task(self._flush_forever()) for _ in range(self._flushers)]
         future = asyncio.get_running_loop().create_future()
         self._queue.append((fn, kwargs, future))
         self._wakeup.set()
@@ -98,24 +129,27 @@ class WriteBatcher:
         loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._queue:
-                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
-                try:
-                    results = await loop.run_in_executor(self._pool, _run_batch, [(f, k) for f, k, _ in batch])
-                except Exception as exc:  # the thread pool itself failed
-                    results = [(False, StoreUnavailable(str(exc)))] * len(batch)
-                for (_, _, future), (ok, value) in zip(batch, results, strict=True):
-                    if future.done():
-                        continue
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
+            if not self._queue:
+                self._wakeup.clear()
+                continue
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
+            if not self._queue:
+                self._wakeup.clear()
+            try:
+                results = await loop.run_in_executor(self._pool, _run_batch, [(f, k) for f, k, _ in batch])
+            except Exception as exc:  # the thread pool itself failed
+                results = [(False, StoreUnavailable(str(exc)))] * len(batch)
+            for (_, _, future), (ok, value) in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
 
     def stop(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
+        for task in self._tasks:
+            task.cancel()
 
 
 class _TtlCache:
@@ -142,7 +176,7 @@ class Store:
         self._versions: dict[int, EnvHandle] = {}
         # Task specs by (split, revision, index): a re-ingest bumps the revision.
         self._tasks: dict[tuple[int, int, int], Any] = {}
-        self.writes = WriteBatcher(self._pool)
+        self.writes = WriteBatcher(self._pool, flushers=1)
 
     async def _run(self, fn: Callable[..., T], **kwargs: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, _guarded, fn, kwargs)
