@@ -13,6 +13,7 @@ the platform gives is already durable while a busy gateway pays one commit per b
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -268,8 +269,18 @@ class Store:
 
     def close(self) -> None:
         self.writes.stop()
-        # Close each thread's connection so the database can be dropped (tests) or restarted.
-        futures = [self._pool.submit(connection.close) for _ in range(self._threads)]
+        # Close every thread's connection so the database can be dropped (tests) or restarted; the
+        # barrier makes each of the pool's threads take exactly one of the close jobs.
+        barrier = threading.Barrier(self._threads)
+
+        def close_on_this_thread() -> None:
+            try:
+                barrier.wait(timeout=5)
+            except threading.BrokenBarrierError:
+                pass
+            connection.close()
+
+        futures = [self._pool.submit(close_on_this_thread) for _ in range(self._threads)]
         for future in futures:
             try:
                 future.result(timeout=5)
