@@ -89,6 +89,7 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file (not :memory:) so that a server subprocess started by a test sees the test database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES["default"]["OPTIONS"] = {
         "timeout": 20,
         "transaction_mode": "IMMEDIATE",
@@ -110,6 +111,7 @@ WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/admin/login/"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+ORS_REDIS_PREFIX = os.environ.get("ORS_REDIS_PREFIX", "ors")  # namespaces shared limit counters
 if REDIS_URL:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                                   "CONFIG": {"hosts": [REDIS_URL]}}}

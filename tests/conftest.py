@@ -1,3 +1,9 @@
+import os
+import uuid
+
+# Shared limit counters in Redis (CI sets REDIS_URL) must not leak between test runs.
+os.environ.setdefault("ORS_REDIS_PREFIX", f"ors-test-{uuid.uuid4().hex[:8]}")
+
 pytest_plugins = [
     "tests.fixtures.database",
     "tests.fixtures.tenancy",

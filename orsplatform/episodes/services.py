@@ -7,9 +7,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.models import Session, ToolCall
-from orsplatform.teams.auth import Caller
 
 ENDED = (Session.Status.DELETED, Session.Status.EXPIRED, Session.Status.LOST)
 

@@ -19,6 +19,7 @@ from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.models import Session
 from orsplatform.ors import calls, discovery, episodes
 from orsplatform.ors.http import HttpError, Request, read_body, send_error, send_json
+from orsplatform.ors.limits import Limits
 from orsplatform.ors.sessions import LiveSession, PendingSid
 from orsplatform.ors.store import Store, StoreUnavailable
 from orsplatform.ors.wire import require_sid
@@ -63,6 +64,7 @@ class OrsApp:
     def __init__(self, *, executor: Executor | None = None, store: Store | None = None) -> None:
         self.executor = executor or make_executor()
         self.store = store or Store(threads=1 if "sqlite" in settings.DATABASES["default"]["ENGINE"] else 4)
+        self.limits = Limits()
         self.sessions: dict[str, LiveSession] = {}
         self.pending: dict[str, PendingSid] = {}
         self._reaper: asyncio.Task | None = None
@@ -198,6 +200,7 @@ class OrsApp:
     async def end_session(self, live: LiveSession, status: str) -> None:
         live.deleted = True
         self.sessions.pop(live.sid, None)
+        await self.limits.release_session(live.team_id, live.sid)
         await self.executor.stop(live.sid)
         await self.store.session_end(live.pk, status, live.last_activity_at(), live.totals(), live.ready_at)
 
@@ -246,6 +249,8 @@ class OrsApp:
         changed = [live for live in self.sessions.values()
                    if live.last_activity != live.flushed_activity or (live.ready_at and not live.ready_flushed)]
         await self.store.flush_activity({live.pk: (live.last_activity_at(), live.ready_at) for live in changed})
+        await self.limits.renew([(live.team_id, live.sid) for live in self.sessions.values()
+                                 if live.team_id is not None])
         for live in changed:
             live.flushed_activity = live.last_activity
             live.ready_flushed = live.ready_at is not None
@@ -259,6 +264,7 @@ class OrsApp:
             except Exception:
                 log.exception("could not end session %s at shutdown", live.sid)
         await self.executor.close()
+        await self.limits.close()
         self.store.close()
 
     async def lifespan(self, receive, send) -> None:

@@ -44,6 +44,7 @@ async def call(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -
     tool_input = body.get("input", {})
     if not isinstance(tool_input, dict):
         raise HttpError(400, "'input' must be a JSON object")
+    await app.limits.take_call_token(caller.team_id, caller.max_tool_calls_per_second)
     await app.ready(live)
     entry = CallEntry(task_id=uuid.uuid4().hex)
     live.calls[entry.task_id] = entry

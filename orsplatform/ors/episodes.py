@@ -80,13 +80,17 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
     pending = app.pending.pop(sid, None)
     if pending is not None and pending.team_id == caller.team_id:
         secrets = {**pending.secrets, **secrets}
+    await app.limits.acquire_session(caller.team_id, sid, caller.max_open_sessions)
     try:
         pk = await app.store.session_create(
             sid=sid, caller=caller, env=env, task_spec=task_spec, split=split_name or "", index=index,
             runner="inline",
         )
-    except IntegrityError:
-        raise HttpError(400, "Session already exists") from None
+    except BaseException as exc:
+        await app.limits.release_session(caller.team_id, sid)
+        if isinstance(exc, IntegrityError):
+            raise HttpError(400, "Session already exists") from None
+        raise
     live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env)
     app.sessions[sid] = live
     await app.executor.start(SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,

@@ -69,5 +69,6 @@ class Executor(ABC):
     async def stop(self, sid: str) -> None:
         """Tear the instance down (teardown()); a no-op for an unknown session."""
 
+    @abstractmethod
     async def close(self) -> None:
         """Release the backend's resources when the gateway shuts down."""

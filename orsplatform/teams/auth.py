@@ -35,6 +35,9 @@ class Caller:
     api_key_id: int | None = None
     scopes: frozenset[str] = frozenset()
     environment_id: int | None = None  # the key's bound environment, if any
+    # The team's limits (None: unlimited), refreshed with the key cache.
+    max_open_sessions: int | None = None
+    max_tool_calls_per_second: int | None = None
 
     @property
     def is_anonymous(self) -> bool:
@@ -117,6 +120,7 @@ def verify_token(token: str) -> tuple[Caller, datetime | None]:
     caller = Caller(
         team_id=key.team_id, team_slug=key.team.slug, api_key_id=key.id,
         scopes=frozenset(key.scopes or []), environment_id=key.environment_id,
+        max_open_sessions=key.team.max_open_sessions, max_tool_calls_per_second=key.team.max_tool_calls_per_second,
     )
     return caller, key.expires_at
 

@@ -1,0 +1,53 @@
+"""Fixtures for the end-to-end tests: real server subprocesses whose logs are checked afterwards."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.helpers import assert_log_clean
+from tests.fixtures.server import ServerProcess, start_server
+
+
+@pytest.fixture
+def servers(server_factory):
+    """Like ``server_factory``, but every server's log must be free of tracebacks at the end."""
+    started: list[ServerProcess] = []
+
+    def factory(**env: str) -> ServerProcess:
+        proc = server_factory(**env)
+        started.append(proc)
+        return proc
+
+    yield factory
+    for proc in started:
+        assert_log_clean(proc.log())
+
+
+@pytest.fixture
+def server(servers) -> ServerProcess:
+    """A daphne server with default settings."""
+    return servers()
+
+
+@pytest.fixture(params=["daphne", "uvicorn"])
+def any_server(request, live_db, tmp_path) -> ServerProcess:
+    """The same test against daphne and against uvicorn."""
+    proc = start_server(tmp_path, server=request.param)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+    assert_log_clean(proc.log())
+
+
+@pytest.fixture
+def openreward_at(monkeypatch):
+    """Point the openreward client at a server (it reads its hosts from the environment)."""
+
+    def point(url: str) -> None:
+        monkeypatch.setenv("OPENREWARD_SESSION_URL", url)
+        monkeypatch.setenv("OPENREWARD_API_URL", url)
+        monkeypatch.setenv("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+        monkeypatch.delenv("OPENREWARD_API_KEY", raising=False)
+
+    return point
