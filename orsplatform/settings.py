@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "orsplatform.teams",
     "orsplatform.catalog",
     "orsplatform.episodes",
+    "orsplatform.console",
 ]
 
 MIDDLEWARE = [
@@ -108,7 +109,9 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns about a missi
 # Serve app static files straight from their folders, so no collectstatic step is needed.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/console/"
+LOGOUT_REDIRECT_URL = "/"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 ORS_REDIS_PREFIX = os.environ.get("ORS_REDIS_PREFIX", "ors")  # namespaces shared limit counters

@@ -1,10 +1,14 @@
 from django.contrib import admin
-from django.urls import path
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
 
 from orsplatform import views
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("ready", views.ready, name="ready"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("console/", include("orsplatform.console.urls")),
     path("admin/", admin.site.urls),
 ]

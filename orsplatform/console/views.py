@@ -1,0 +1,68 @@
+"""Team pages: members and API keys. Writes go through teams.services."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from orsplatform.console.forms import ApiKeyForm
+from orsplatform.teams import selectors
+from orsplatform.teams.models import ApiKey
+from orsplatform.teams.services import api_key_create, api_key_revoke
+
+
+@login_required
+def team_list(request: HttpRequest) -> HttpResponse:
+    teams = selectors.teams_for_user(user=request.user)
+    if len(teams) == 1 and not request.user.is_superuser:
+        return redirect("console:team", slug=teams[0][0].slug)
+    return render(request, "console/team_list.html", {"teams": teams})
+
+
+@login_required
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    team, role = selectors.team_for_user(user=request.user, slug=slug)
+    manage = selectors.can_manage(user=request.user, role=role)
+    form = ApiKeyForm(team=team)
+    new_token = None
+    if request.method == "POST":
+        if not manage:
+            raise PermissionDenied("Only owners and admins manage keys.")
+        form = ApiKeyForm(request.POST, team=team)
+        if form.is_valid():
+            days = form.cleaned_data["expires_in_days"]
+            try:
+                created = api_key_create(
+                    team=team, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"],
+                    environment=form.cleaned_data["environment"], created_by=request.user,
+                    expires_at=timezone.now() + timedelta(days=days) if days else None,
+                )
+            except ValidationError as exc:
+                form.add_error(None, exc)
+            else:
+                # Shown in this response only; never stored, never put in a redirect or a message.
+                new_token = created.token
+                form = ApiKeyForm(team=team)
+    return render(request, "console/team_detail.html", {
+        "team": team, "role": role, "can_manage": manage, "form": form, "new_token": new_token,
+        "keys": selectors.api_keys_for_team(team=team), "members": selectors.members_for_team(team=team),
+    })
+
+
+@login_required
+@require_POST
+def api_key_revoke_view(request: HttpRequest, slug: str, prefix: str) -> HttpResponse:
+    team, role = selectors.team_for_user(user=request.user, slug=slug)
+    if not selectors.can_manage(user=request.user, role=role):
+        raise PermissionDenied("Only owners and admins manage keys.")
+    key = get_object_or_404(ApiKey, team=team, prefix=prefix)
+    api_key_revoke(api_key=key)
+    messages.success(request, f"Key {key.prefix} ({key.name}) revoked.")
+    return redirect("console:team", slug=team.slug)

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from django.http import Http404
+
+from orsplatform.teams.models import ApiKey, Membership, Team
+
+MANAGER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN)
+
+
+def teams_for_user(*, user) -> list[tuple[Team, str]]:
+    """(team, role) pairs the user may see; platform superusers see every team."""
+    if user.is_superuser:
+        roles = {m.team_id: m.role for m in Membership.objects.filter(user=user)}
+        return [(t, roles.get(t.id, "superuser")) for t in Team.objects.order_by("slug")]
+    return [(m.team, m.role) for m in Membership.objects.select_related("team").filter(user=user).order_by("team__slug")]
+
+
+def team_for_user(*, user, slug: str) -> tuple[Team, str]:
+    """The team and the user's role in it; 404 when the user may not see it."""
+    team = Team.objects.filter(slug=slug).first()
+    if team is None:
+        raise Http404("No such team.")
+    if user.is_superuser:
+        membership = Membership.objects.filter(user=user, team=team).first()
+        return team, membership.role if membership else "superuser"
+    membership = Membership.objects.filter(user=user, team=team).first()
+    if membership is None:
+        raise Http404("No such team.")
+    return team, membership.role
+
+
+def can_manage(*, user, role: str) -> bool:
+    return user.is_superuser or role in MANAGER_ROLES
+
+
+def api_keys_for_team(*, team: Team) -> list[ApiKey]:
+    return list(ApiKey.objects.filter(team=team).select_related("environment__team", "created_by").order_by("-created_at"))
+
+
+def members_for_team(*, team: Team) -> list[Membership]:
+    return list(Membership.objects.filter(team=team).select_related("user").order_by("role", "user__username"))
