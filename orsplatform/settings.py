@@ -48,6 +48,9 @@ INSTALLED_APPS = [
     "orsplatform.catalog",
     "orsplatform.episodes",
     "orsplatform.console",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
 ]
 
 MIDDLEWARE = [
@@ -112,6 +115,22 @@ WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/console/"
 LOGOUT_REDIRECT_URL = "/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["orsplatform.api.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "orsplatform.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ORS Platform API",
+    "DESCRIPTION": "Catalog and audit log of the ORS Platform. The ORS protocol itself is served at the root.",
+    "VERSION": "1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 ORS_REDIS_PREFIX = os.environ.get("ORS_REDIS_PREFIX", "ors")  # namespaces shared limit counters

@@ -134,3 +134,8 @@ def task_spec_get(*, split_id: int, index: int) -> Any:
 def task_specs_range(*, split_id: int, start: int, stop: int) -> list:
     return list(Task.objects.filter(split_id=split_id, index__gte=start, index__lt=stop)
                 .order_by("index").values_list("spec", flat=True))
+
+
+def environment_get_visible(*, caller: Caller, team_slug: str, slug: str) -> Environment | None:
+    return (Environment.objects.select_related("team", "current_version")
+            .filter(_visible(caller), team__slug=team_slug, slug=slug).first())

@@ -30,3 +30,25 @@ def tool_call_result_get(*, session_pk: int, task_id: str) -> tuple[str, dict | 
     """(status, result, error) of a call of a session the caller owns."""
     return ToolCall.objects.filter(session_id=session_pk, task_id=task_id).values_list(
         "status", "output", "error").first()
+
+
+def sessions_for_team(*, team_id: int, environment: str | None = None, status: str | None = None,
+                      limit: int = 100, before_id: int | None = None):
+    """The team's sessions, newest first (keyset pagination on id)."""
+    qs = Session.objects.filter(team_id=team_id).select_related("environment__team", "version")
+    if environment:
+        team_slug, _, slug = environment.partition("/")
+        qs = qs.filter(environment__team__slug=team_slug, environment__slug=slug) if slug else qs.filter(
+            environment__slug=team_slug)
+    if status:
+        qs = qs.filter(status=status)
+    if before_id is not None:
+        qs = qs.filter(id__lt=before_id)
+    return list(qs.order_by("-id")[:limit])
+
+
+def session_detail_for_team(*, team_id: int, sid: str) -> tuple[Session, list[ToolCall]] | None:
+    session = Session.objects.filter(team_id=team_id, sid=sid).select_related("environment__team", "version").first()
+    if session is None:
+        return None
+    return session, list(session.tool_calls.order_by("started_at", "id"))

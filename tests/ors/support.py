@@ -135,7 +135,7 @@ def publish_probe_sync(team, tmp_path: Path) -> None:
     from orsplatform.catalog.services import environment_publish
 
     src = tmp_path / "probe_pkg"
-    src.mkdir(exist_ok=True)
+    src.mkdir(parents=True, exist_ok=True)
     (src / "env.py").write_text(PROBE_ENV)
     (src / "manifest.toml").write_text(PROBE_MANIFEST)
     environment_publish(team=team, source_dir=src, visibility="private")
