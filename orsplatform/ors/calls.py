@@ -23,6 +23,7 @@ from orsplatform.ors.sessions import CallEntry, LiveSession
 from orsplatform.ors.wire import optional_str, require_str
 from orsplatform.runners.executor import CallOutcome, UnknownSession
 from orsplatform.runners.inline import tool_error
+from orsplatform.runners.redact import redact
 from orsplatform.teams.auth import Caller
 
 if TYPE_CHECKING:
@@ -65,8 +66,9 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
     live.count_call(outcome.result)
     try:
         await app.store.tool_call_record(
-            session_pk=live.pk, task_id=entry.task_id, name=name, input=tool_input, result=outcome.result,
-            exception=outcome.exception, started_at=started_at, finished_at=timezone.now(),
+            session_pk=live.pk, task_id=entry.task_id, name=name, input=redact(tool_input, live.secrets),
+            result=redact(outcome.result, live.secrets), exception=outcome.exception,
+            started_at=started_at, finished_at=timezone.now(),
         )
     except Exception:
         log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)

@@ -21,6 +21,7 @@ from orsplatform.ors.wire import (
     secrets_from_header,
 )
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
+from orsplatform.runners.redact import secret_values
 from orsplatform.teams.auth import Caller
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
         if isinstance(exc, IntegrityError):
             raise HttpError(400, "Session already exists") from None
         raise
-    live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env)
+    live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, secrets=secret_values(secrets))
     app.sessions[sid] = live
     await app.executor.start(SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,
                                          task_spec=task_spec, secrets=secrets))

@@ -39,6 +39,8 @@ class LiveSession:
     # Running totals, written once when the session ends.
     call_count: int = 0
     total_reward: float | None = None
+    # The session's secret values, only to strip them from the audit log's copy of each call.
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     def count_call(self, result: dict | None) -> None:
         self.call_count += 1

@@ -27,6 +27,7 @@ from orsplatform.runners.executor import (
     UnknownSession,
 )
 from orsplatform.runners.loader import load_environment_class
+from orsplatform.runners.redact import redact, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class _Live:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     instance: Environment | None = None
     error: str | None = None
+    secrets: tuple[str, ...] = ()  # values to strip from errors
     setup_task: asyncio.Task | None = None
 
 
@@ -63,7 +65,7 @@ class InlineExecutor(Executor):
         return result
 
     async def start(self, spec: SessionSpec) -> None:
-        live = _Live()
+        live = _Live(secrets=secret_values(spec.secrets))
         self._live[spec.sid] = live
         live.setup_task = asyncio.create_task(self._setup(live, spec))
 
@@ -80,7 +82,7 @@ class InlineExecutor(Executor):
             raise
         except BaseException as exc:  # environment code may raise anything
             log.warning("setup failed for session %s: %s", spec.sid, type(exc).__name__)
-            live.error = f"{type(exc).__name__}: {exc}"
+            live.error = redact(f"{type(exc).__name__}: {exc}", secret_values(spec.secrets))
         finally:
             live.ready.set()
 
@@ -134,7 +136,7 @@ class InlineExecutor(Executor):
                 return CallOutcome(result=tool_error(f"Tool {name!r} timed out after {timeout:g} s", "timeout"))
             except Exception as exc:
                 log.info("tool %s raised %s in session %s", name, type(exc).__name__, sid)
-                return CallOutcome(exception=f"{type(exc).__name__}: {exc}")
+                return CallOutcome(exception=redact(f"{type(exc).__name__}: {exc}", live.secrets))
 
     async def _dispatch(self, instance: Environment, name: str, input: dict) -> CallOutcome:
         fn = None if name.startswith("_") else getattr(instance, name, None)
