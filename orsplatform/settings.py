@@ -141,7 +141,14 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "memory://")
-CELERY_TASK_ALWAYS_EAGER = not os.environ.get("CELERY_BROKER_URL") and not REDIS_URL
+# Without a broker (the embedded default) tasks run eagerly, in the caller's process.
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", not os.environ.get("CELERY_BROKER_URL"))
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BEAT_SCHEDULE: dict = {}
 
 # --- ORS platform settings ------------------------------------------------------------------------
 ORS_EXECUTOR = os.environ.get("ORS_EXECUTOR", "inline")
