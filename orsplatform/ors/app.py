@@ -33,7 +33,7 @@ Handler = Callable[["OrsApp", Request, Caller, str | None], Awaitable[Any]]
 # op -> (method, handler, access): access is "open" (no auth), "catalog" or "session".
 ROUTES: dict[str, tuple[str, Handler, str]] = {
     "health": ("GET", discovery.health, "open"),
-    "version": ("GET", discovery.version, "open"),
+    "version": ("GET", discovery.version, "catalog"),
     "list_environments": ("GET", discovery.list_environments, "catalog"),
     "tools": ("GET", discovery.tools, "catalog"),
     "splits": ("GET", discovery.splits, "catalog"),

@@ -22,7 +22,6 @@ from orsplatform.ors.http import SSE_HEADERS, SSE_PING, HttpError, Request, sse_
 from orsplatform.ors.sessions import CallEntry, LiveSession
 from orsplatform.ors.wire import optional_str, require_str
 from orsplatform.runners.executor import CallOutcome, UnknownSession
-from orsplatform.runners.inline import tool_error
 from orsplatform.runners.redact import redact
 from orsplatform.teams.auth import Caller
 
@@ -57,10 +56,7 @@ async def call(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -
 async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool_input: dict) -> None:
     started_at = timezone.now()
     try:
-        if live.finished:
-            outcome = CallOutcome(result=tool_error("The episode has already finished.", "episode_finished"))
-        else:
-            outcome = await app.executor.call(live.sid, name, tool_input, live.env.tool_timeout)
+        outcome = await app.executor.call(live.sid, name, tool_input, live.env.tool_timeout, entry.task_id)
     except UnknownSession:
         outcome = CallOutcome(exception="Session was deleted during the call.")
     live.count_call(outcome.result)

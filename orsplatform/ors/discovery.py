@@ -25,7 +25,7 @@ async def version(app: OrsApp, req: Request, caller: Caller, env_ref: str | None
     info: dict[str, str | None] = {"platform": __version__, "ors_sdk": ors.__version__, "environment": None}
     sid = req.header(b"x-session-id")
     live = app.sessions.get(sid.strip()) if sid else None
-    if live is not None:
+    if live is not None and live.team_id == caller.team_id and not live.deleted:
         info["environment"] = f"{live.env.full_name}@{live.env.version_number}"
     return info
 

@@ -62,8 +62,9 @@ class Executor(ABC):
         """The task-specific tool specs (list_task_tools), as wire dicts; shared ones are stored."""
 
     @abstractmethod
-    async def call(self, sid: str, name: str, input: dict, timeout: float) -> CallOutcome:
-        """Run one tool call; calls of one session run one at a time."""
+    async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "") -> CallOutcome:
+        """Run one tool call; calls of one session run one at a time, and none after a call
+        returned finished=True (those answer ok=false, reason episode_finished)."""
 
     @abstractmethod
     async def stop(self, sid: str) -> None:

@@ -39,6 +39,7 @@ class _Live:
     instance: Environment | None = None
     error: str | None = None
     secrets: tuple[str, ...] = ()  # values to strip from errors
+    finished: bool = False  # a tool returned finished=True; later calls are refused
     setup_task: asyncio.Task | None = None
 
 
@@ -126,11 +127,16 @@ class InlineExecutor(Executor):
             return []
         return [t.model_dump(mode="json") for t in (await self._run(instance.list_task_tools)).tools]
 
-    async def call(self, sid: str, name: str, input: dict, timeout: float) -> CallOutcome:
+    async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "") -> CallOutcome:
         live, instance = self._instance(sid)
         async with live.lock:
+            if live.finished:
+                return CallOutcome(result=tool_error("The episode has already finished.", "episode_finished"))
             try:
-                return await asyncio.wait_for(self._dispatch(instance, name, input), timeout)
+                outcome = await asyncio.wait_for(self._dispatch(instance, name, input), timeout)
+                if outcome.ok and outcome.result["output"].get("finished"):
+                    live.finished = True
+                return outcome
             except TimeoutError:
                 # A sync tool keeps running in its thread; the session stays usable for new calls.
                 return CallOutcome(result=tool_error(f"Tool {name!r} timed out after {timeout:g} s", "timeout"))
