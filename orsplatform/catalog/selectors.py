@@ -102,9 +102,10 @@ def environment_resolve(*, caller: Caller, ref: str) -> EnvHandle | None:
         environment = candidates.filter(team__slug=team_slug).first()
     else:
         # A bare slug means the caller's own environment first, then an unambiguous public one.
-        found = list(candidates[:3])
-        own = [e for e in found if e.team_id == caller.team_id]
-        environment = own[0] if own else (found[0] if len(found) == 1 else None)
+        environment = candidates.filter(team_id=caller.team_id).first() if caller.team_id is not None else None
+        if environment is None:
+            public = list(candidates.filter(visibility=Environment.Visibility.PUBLIC)[:2])
+            environment = public[0] if len(public) == 1 else None
     if environment is None:
         return None
     version = environment.current_version if number is None else environment.versions.filter(number=number).first()
@@ -139,3 +140,58 @@ def task_specs_range(*, split_id: int, start: int, stop: int) -> list:
 def environment_get_visible(*, caller: Caller, team_slug: str, slug: str) -> Environment | None:
     return (Environment.objects.select_related("team", "current_version")
             .filter(_visible(caller), team__slug=team_slug, slug=slug).first())
+
+
+# --- publishing: reads for the REST API and the console ----------------------------------------------
+
+def environment_of_team(*, team_id: int, slug: str) -> Environment | None:
+    """The caller's own environment (for writes): another team's is indistinguishable from none."""
+    return Environment.objects.select_related("team", "current_version").filter(team_id=team_id, slug=slug).first()
+
+
+def environments_of_team(*, team) -> list[Environment]:
+    return list(Environment.objects.filter(team=team).select_related("team", "current_version")
+                .prefetch_related("versions", "task_splits").order_by("slug"))
+
+
+def versions_of(*, environment: Environment) -> list[EnvironmentVersion]:
+    return list(environment.versions.select_related("created_by").order_by("-number"))
+
+
+def version_of(*, environment: Environment, number: int) -> EnvironmentVersion | None:
+    return environment.versions.filter(number=number).first()
+
+
+def splits_of(*, environment: Environment) -> list[Split]:
+    return list(Split.objects.filter(environment=environment).order_by("id"))
+
+
+def split_of(*, environment: Environment, name: str) -> Split | None:
+    return Split.objects.filter(environment=environment, name=name).first()
+
+
+def tasks_page(*, split: Split, offset: int, limit: int) -> list[dict]:
+    return [{"index": index, "spec": spec} for index, spec in
+            Task.objects.filter(split=split, index__gte=offset, index__lt=offset + limit)
+            .order_by("index").values_list("index", "spec")]
+
+
+def ingest_job_of_team(*, team_id: int, job_id: int):
+    """An ingest job of the team, with live progress while it runs (see services._JobProgress)."""
+    from django.core.cache import cache
+
+    from orsplatform.catalog.ingest import progress_key
+    from orsplatform.catalog.models import IngestJob
+
+    job = IngestJob.objects.select_related("environment__team").filter(team_id=team_id, id=job_id).first()
+    if job is not None and job.status == IngestJob.Status.RUNNING:
+        live = cache.get(progress_key(job.id))
+        if live and live["rows_done"] > job.rows_done:
+            job.rows_done, job.bytes_done = live["rows_done"], live["bytes_done"]
+    return job
+
+
+def ingest_jobs_of_team(*, team, limit: int = 20) -> list:
+    from orsplatform.catalog.models import IngestJob
+
+    return list(IngestJob.objects.filter(team=team).select_related("environment").order_by("-created_at")[:limit])

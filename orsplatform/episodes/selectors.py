@@ -12,14 +12,16 @@ class SessionRow:
     status: str
     version_id: int
     error: str
+    runner: str
 
 
 def session_get_for_caller(*, caller: Caller, sid: str) -> SessionRow | None:
     """None for an unknown session and for another team's session alike."""
-    row = Session.objects.filter(sid=sid).values_list("pk", "team_id", "status", "version_id", "error").first()
+    row = Session.objects.filter(sid=sid).values_list(
+        "pk", "team_id", "status", "version_id", "error", "runner").first()
     if row is None or row[1] != caller.team_id:
         return None
-    return SessionRow(pk=row[0], status=row[2], version_id=row[3], error=row[4])
+    return SessionRow(pk=row[0], status=row[2], version_id=row[3], error=row[4], runner=row[5])
 
 
 def session_sid_taken(*, sid: str) -> bool:

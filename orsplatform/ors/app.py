@@ -57,7 +57,22 @@ def make_executor() -> Executor:
         from orsplatform.runners.inline import InlineExecutor
 
         return InlineExecutor(threads=settings.ORS_TOOL_THREADS)
+    if settings.ORS_EXECUTOR == "celery":
+        from orsplatform.runners.remote import CeleryExecutor
+
+        return CeleryExecutor()
     raise RuntimeError(f"Unknown ORS_EXECUTOR {settings.ORS_EXECUTOR!r}")
+
+
+def _unavailable_errors() -> tuple[type[BaseException], ...]:
+    """Errors meaning a backing service (database, Redis, broker) is down: answer 503, not 500."""
+    import kombu.exceptions
+    import redis
+
+    return (StoreUnavailable, redis.RedisError, kombu.exceptions.OperationalError, ConnectionRefusedError)
+
+
+UNAVAILABLE = _unavailable_errors()
 
 
 class OrsApp:
@@ -85,8 +100,8 @@ class OrsApp:
         except HttpError as exc:
             if not req.started:
                 await send_error(send, exc)
-        except StoreUnavailable as exc:
-            log.warning("database unavailable: %s", exc)
+        except UNAVAILABLE as exc:
+            log.warning("backing service unavailable: %s: %s", type(exc).__name__, exc)
             if not req.started:
                 await send_error(send, HttpError(503, "Temporarily unavailable; retry shortly.",
                                                  {"Retry-After": "2"}))
@@ -163,14 +178,43 @@ class OrsApp:
 
     # --- sessions -----------------------------------------------------------------------------
 
+    async def place_session(self) -> str:
+        from orsplatform.runners.remote import NoRunnerAvailable
+
+        try:
+            return await self.executor.place()
+        except NoRunnerAvailable:
+            raise HttpError(503, "No runner is available; retry shortly.", {"Retry-After": "5"}) from None
+
     async def live_session(self, req: Request, caller: Caller) -> LiveSession:
         """The caller's open session named by X-Session-ID, or the right 4xx for it."""
         sid = require_sid(req)
         live = self.sessions.get(sid)
+        if live is not None and live.adopted_at is not None and (
+                time.monotonic() - live.adopted_at > settings.ORS_SESSION_CACHE_SECONDS):
+            # Another gateway may have ended it since: read the row again.
+            self.sessions.pop(sid, None)
+            live = None
+        if live is None and self.executor.shared:
+            live = await self._adopt(caller, sid)
         if live is not None and live.team_id == caller.team_id and not live.deleted:
             live.touch()
             return live
         raise await self.session_gone_error(caller, sid)
+
+    async def _adopt(self, caller: Caller, sid: str) -> LiveSession | None:
+        """A session created by another gateway, served here too (shared executors only)."""
+        row = await self.store.session_for(caller, sid)
+        if row is None or row.status not in (Session.Status.CREATING, Session.Status.READY):
+            return None
+        env = await self.store.version(row.version_id)
+        if env is None:
+            return None
+        live = LiveSession(sid=sid, pk=row.pk, team_id=caller.team_id, env=env, runner=row.runner,
+                           adopted_at=time.monotonic())
+        self.executor.attach(sid, row.runner)
+        self.sessions[sid] = live
+        return live
 
     async def session_gone_error(self, caller: Caller, sid: str) -> HttpError:
         row = await self.store.session_for(caller, sid)
@@ -202,7 +246,9 @@ class OrsApp:
         self.sessions.pop(live.sid, None)
         await self.limits.release_session(live.team_id, live.sid)
         await self.executor.stop(live.sid)
-        await self.store.session_end(live.pk, status, live.last_activity_at(), live.totals(), live.ready_at)
+        # With a shared executor other gateways may have served calls: totals come from the audit log.
+        totals = None if self.executor.shared else live.totals()
+        await self.store.session_end(live.pk, status, live.last_activity_at(), totals, live.ready_at)
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -220,10 +266,10 @@ class OrsApp:
     async def _reap_forever(self) -> None:
         last_flush = time.monotonic()
         while True:
-            await asyncio.sleep(settings.ORS_REAPER_INTERVAL_SECONDS)
+            await asyncio.sleep(min(settings.ORS_REAPER_INTERVAL_SECONDS, settings.ORS_ACTIVITY_FLUSH_SECONDS))
             try:
                 await self.reap_once()
-                if time.monotonic() - last_flush > 30:
+                if time.monotonic() - last_flush >= settings.ORS_ACTIVITY_FLUSH_SECONDS:
                     await self.flush_activity()
                     last_flush = time.monotonic()
             except Exception:
@@ -233,7 +279,11 @@ class OrsApp:
         now = time.monotonic()
         timeout = settings.ORS_IDLE_TIMEOUT_SECONDS
         for live in list(self.sessions.values()):
-            if now - live.last_activity > timeout and not live.busy():
+            if live.adopted_at is not None and now - live.adopted_at > settings.ORS_SESSION_CACHE_SECONDS:
+                self.sessions.pop(live.sid, None)  # only a cache of another gateway's session
+                continue
+            # With a shared executor, idle expiry is the beat's job (it sees every gateway's activity).
+            if not self.executor.shared and now - live.last_activity > timeout and not live.busy():
                 log.info("session %s expired after %.0f s idle", live.sid, now - live.last_activity)
                 await self.end_session(live, Session.Status.EXPIRED)
             else:
@@ -258,6 +308,10 @@ class OrsApp:
     async def shutdown(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self.executor.shared:
+            # The sessions live on runner nodes and outlive this gateway; just record activity.
+            await self.flush_activity()
+            self.sessions.clear()
         for live in list(self.sessions.values()):
             try:
                 await self.end_session(live, Session.Status.LOST)

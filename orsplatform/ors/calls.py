@@ -54,25 +54,50 @@ async def call(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -
 
 
 async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool_input: dict) -> None:
-    started_at = timezone.now()
+    # Whatever happens below, the waiting stream must end: `done` is set in the finally.
     try:
-        outcome = await app.executor.call(live.sid, name, tool_input, live.env.tool_timeout, entry.task_id)
+        started_at = timezone.now()
+        if app.executor.shared:
+            # Other gateways may be asked to reconnect to this call: it must be findable while it runs.
+            await app.store.tool_call_start(session_pk=live.pk, task_id=entry.task_id, name=name,
+                                            input=redact(tool_input, live.secrets), started_at=started_at)
+        outcome = await _execute(app, live, name, tool_input, entry.task_id)
+        live.count_call(outcome.result)
+        try:
+            await app.store.tool_call_record(
+                session_pk=live.pk, task_id=entry.task_id, name=name, input=redact(tool_input, live.secrets),
+                result=redact(outcome.result, live.secrets), exception=outcome.exception,
+                started_at=started_at, finished_at=timezone.now(),
+            )
+        except Exception:
+            log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
+        entry.result_json, entry.exception = _encode(outcome)
+    except Exception as exc:
+        log.exception("tool call %s of session %s failed in the platform", entry.task_id, live.sid)
+        entry.exception = f"The platform could not complete the call ({type(exc).__name__})."
+    finally:
+        entry.finished_at = time.monotonic()
+        live.touch()
+        entry.done.set()
+
+
+async def _execute(app: OrsApp, live: LiveSession, name: str, tool_input: dict, task_id: str) -> CallOutcome:
+    try:
+        outcome = await app.executor.call(live.sid, name, tool_input, live.env.tool_timeout, task_id)
     except UnknownSession:
-        outcome = CallOutcome(exception="Session was deleted during the call.")
-    live.count_call(outcome.result)
+        return CallOutcome(exception="Session was deleted during the call.")
     try:
-        await app.store.tool_call_record(
-            session_pk=live.pk, task_id=entry.task_id, name=name, input=redact(tool_input, live.secrets),
-            result=redact(outcome.result, live.secrets), exception=outcome.exception,
-            started_at=started_at, finished_at=timezone.now(),
-        )
-    except Exception:
-        log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
-    entry.result_json = orjson.dumps(outcome.result).decode() if outcome.result is not None else None
-    entry.exception = outcome.exception
-    entry.finished_at = time.monotonic()
-    live.touch()
-    entry.done.set()
+        orjson.dumps(outcome.result)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        # e.g. a lone surrogate in a text block: the result cannot go on the wire or in the log.
+        return CallOutcome(exception=f"The tool's result is not valid JSON: {exc}")
+    return outcome
+
+
+def _encode(outcome: CallOutcome) -> tuple[str | None, str | None]:
+    if outcome.result is None:
+        return None, outcome.exception
+    return orjson.dumps(outcome.result).decode(), outcome.exception
 
 
 async def _entry_from_audit(app: OrsApp, live: LiveSession, task_id: str) -> CallEntry | None:
@@ -81,6 +106,10 @@ async def _entry_from_audit(app: OrsApp, live: LiveSession, task_id: str) -> Cal
         return None
     status, result, error = row
     entry = CallEntry(task_id=task_id)
+    if status == ToolCall.Status.RUNNING and app.executor.shared:
+        # Started on another gateway: wait for the runner's result like that gateway does.
+        entry.task = app.spawn(_follow(app, live, entry))
+        return entry
     if status == ToolCall.Status.RUNNING:
         entry.exception = "The call was interrupted."
     elif result is not None:
@@ -89,6 +118,17 @@ async def _entry_from_audit(app: OrsApp, live: LiveSession, task_id: str) -> Cal
         entry.exception = error or "The call failed."
     entry.done.set()
     return entry
+
+
+async def _follow(app: OrsApp, live: LiveSession, entry: CallEntry) -> None:
+    try:
+        outcome = await app.executor.wait_result(entry.task_id, live.runner, live.env.tool_timeout)
+        entry.result_json, entry.exception = _encode(outcome)
+    except Exception as exc:
+        entry.exception = f"The platform could not follow the call ({type(exc).__name__})."
+    finally:
+        entry.finished_at = time.monotonic()
+        entry.done.set()
 
 
 async def _wait_disconnect(receive) -> None:

@@ -81,21 +81,31 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
     pending = app.pending.pop(sid, None)
     if pending is not None and pending.team_id == caller.team_id:
         secrets = {**pending.secrets, **secrets}
+    runner = await app.place_session()
     await app.limits.acquire_session(caller.team_id, sid, caller.max_open_sessions)
     try:
         pk = await app.store.session_create(
             sid=sid, caller=caller, env=env, task_spec=task_spec, split=split_name or "", index=index,
-            runner="inline",
+            runner=runner,
         )
     except BaseException as exc:
         await app.limits.release_session(caller.team_id, sid)
         if isinstance(exc, IntegrityError):
             raise HttpError(400, "Session already exists") from None
         raise
-    live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, secrets=secret_values(secrets))
+    live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, secrets=secret_values(secrets),
+                       runner=runner)
     app.sessions[sid] = live
-    await app.executor.start(SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,
-                                         task_spec=task_spec, secrets=secrets))
+    try:
+        await app.executor.start(SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,
+                                             task_spec=task_spec, secrets=secrets), runner)
+    except Exception as exc:
+        # The runner could not be reached: undo, so a retry of this /create with the same id works.
+        log.warning("could not start session %s on %s: %s", sid, runner, exc)
+        app.sessions.pop(sid, None)
+        await app.limits.release_session(caller.team_id, sid)
+        await app.store.session_discard(pk)
+        raise HttpError(503, "No runner could take the session; retry shortly.", {"Retry-After": "2"}) from None
     app.spawn(_record_setup(app, live))
     return {"sid": sid}
 

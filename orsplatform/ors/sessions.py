@@ -28,6 +28,9 @@ class LiveSession:
     pk: int
     team_id: int | None
     env: EnvHandle
+    runner: str = "inline"
+    # For a session adopted from the database (created by another gateway): when its row was read.
+    adopted_at: float | None = None
     last_activity: float = field(default_factory=time.monotonic)
     flushed_activity: float = 0.0
     # Set in memory when setup() finishes; written with the coalesced activity flush and at the end.

@@ -45,8 +45,18 @@ class UnknownSession(Exception):
 
 
 class Executor(ABC):
+    # Whether sessions live outside the gateway process (so any gateway may serve any session).
+    shared: bool = False
+
+    async def place(self) -> str:
+        """Choose where a new session runs; the name is recorded on the session."""
+        return "inline"
+
+    def attach(self, sid: str, runner: str) -> None:
+        """Tell this gateway where an existing session runs (one created by another gateway)."""
+
     @abstractmethod
-    async def start(self, spec: SessionSpec) -> None:
+    async def start(self, spec: SessionSpec, runner: str = "") -> None:
         """Begin creating the instance and running setup() in the background; return at once."""
 
     @abstractmethod

@@ -43,6 +43,10 @@ class _Live:
     setup_task: asyncio.Task | None = None
 
 
+class EnvironmentExit(Exception):
+    """Environment code called sys.exit(); reported like any exception of the environment."""
+
+
 def tool_error(message: str, reason: str) -> dict:
     return {"ok": False, "error": message, "reason": reason}
 
@@ -58,14 +62,18 @@ class InlineExecutor(Executor):
 
     async def _run(self, fn, *args) -> Any:
         """Run an environment method: coroutine functions on the loop, the rest in the pool."""
-        if inspect.iscoroutinefunction(inspect.unwrap(fn)):
-            return await fn(*args)
-        result = await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        try:
+            if inspect.iscoroutinefunction(inspect.unwrap(fn)):
+                return await fn(*args)
+            result = await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except SystemExit as exc:
+            # Escaping an asyncio task, SystemExit would stop the event loop (and the gateway).
+            raise EnvironmentExit(f"SystemExit({exc.code!r})") from None
 
-    async def start(self, spec: SessionSpec) -> None:
+    async def start(self, spec: SessionSpec, runner: str = "") -> None:
         live = _Live(secrets=secret_values(spec.secrets))
         self._live[spec.sid] = live
         live.setup_task = asyncio.create_task(self._setup(live, spec))
@@ -148,7 +156,7 @@ class InlineExecutor(Executor):
         fn = None if name.startswith("_") else getattr(instance, name, None)
         if fn is None or not Environment._is_tool(fn):
             # Toolsets and unknown names: the SDK's own dispatcher knows their rules.
-            out = await instance._call_tool(name, input)
+            out = await self._run(instance._call_tool, name, input)
             result = out.model_dump(mode="json")
             if not result["ok"]:
                 result["reason"] = "not_found" if "is not a valid tool" in result["error"] else "name_collision"

@@ -1,0 +1,226 @@
+"""A runner node: a Celery worker that holds the environment instances of the sessions assigned to it.
+
+Start one with ``celery -A orsplatform.runners.node worker --pool threads --concurrency 8
+--hostname runner1@%h`` (see ``make runner``). It needs only the broker and Redis: no Django
+settings, no SECRET_KEY, no database credentials. Gateways send it work on its own queue
+(``worker_direct``); it answers on Redis:
+
+- replies to a request are published on the requesting gateway's channel ``{prefix}:gw:{gateway}``;
+- a finished call's result is also kept under ``{prefix}:result:{task_id}`` (the durable hand-off:
+  whoever records the audit row reads it from there, so a lost wake-up costs latency, not data);
+- a session's setup state lives under ``{prefix}:state:{sid}``;
+- a heartbeat ``{prefix}:runner:{hostname}`` (with a short TTL) says the node is alive and how
+  loaded it is.
+
+Instances live in an InlineExecutor on one background event loop, so a node has exactly the
+semantics of the embedded executor: sync tools in a thread pool, async tools on the loop, one call
+at a time per session, and the per-tool timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Celery, bootsteps
+from celery.signals import worker_ready, worker_shutdown
+
+from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
+from orsplatform.runners.inline import InlineExecutor
+
+log = logging.getLogger("orsplatform.runner")
+
+PREFIX = os.environ.get("ORS_REDIS_PREFIX", "ors")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+HEARTBEAT_SECONDS = float(os.environ.get("ORS_RUNNER_HEARTBEAT_SECONDS", "1"))
+HEARTBEAT_TTL = float(os.environ.get("ORS_RUNNER_HEARTBEAT_TTL", "5"))
+RESULT_TTL = int(os.environ.get("ORS_RESULT_TTL_SECONDS", "3600"))
+STATE_TTL = int(os.environ.get("ORS_STATE_TTL_SECONDS", "86400"))
+
+app = Celery("ors-runner", broker=BROKER_URL)
+app.conf.update(
+    worker_direct=True,  # each node consumes its own queue, named after its hostname
+    task_serializer="json",
+    accept_content=["json"],
+    task_acks_late=False,  # a redelivered call must never run twice; the node dedupes too
+    worker_prefetch_multiplier=4,
+    broker_connection_retry_on_startup=True,
+    task_default_queue="ors-runners-unused",  # nothing is sent to a shared queue
+)
+
+
+def state_key(sid: str) -> str:
+    return f"{PREFIX}:state:{sid}"
+
+
+def result_key(task_id: str) -> str:
+    return f"{PREFIX}:result:{task_id}"
+
+
+def gateway_channel(gateway: str) -> str:
+    return f"{PREFIX}:gw:{gateway}"
+
+
+def runner_key(hostname: str) -> str:
+    return f"{PREFIX}:runner:{hostname}"
+
+
+class Node:
+    """The node's process-wide state: the executor on its loop, Redis, the calls already seen."""
+
+    def __init__(self) -> None:
+        self.redis = redis.Redis.from_url(REDIS_URL)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="ors-runner-loop", daemon=True)
+        self.thread.start()
+        self.executor = InlineExecutor(threads=int(os.environ.get("ORS_TOOL_THREADS", "64")))
+        self.sessions: set[str] = set()
+        self.seen_calls: dict[str, float] = {}
+        self.hostname = ""
+        self._stop = threading.Event()
+
+    def submit(self, coro) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def publish(self, gateway: str, message: dict[str, Any]) -> None:
+        if gateway:
+            self.redis.publish(gateway_channel(gateway), json.dumps(message))
+
+    def heartbeat_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                payload = json.dumps({"sessions": len(self.sessions), "at": time.time(), "pid": os.getpid()})
+                self.redis.set(runner_key(self.hostname), payload, px=int(HEARTBEAT_TTL * 1000))
+            except redis.RedisError as exc:
+                log.warning("heartbeat failed: %s", exc)
+            self._stop.wait(HEARTBEAT_SECONDS)
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self.redis.delete(runner_key(self.hostname))
+        except redis.RedisError:
+            pass
+
+
+node = Node()
+
+
+@worker_ready.connect
+def _start_heartbeat(sender, **kwargs) -> None:
+    node.hostname = sender.hostname
+    threading.Thread(target=node.heartbeat_forever, name="ors-runner-heartbeat", daemon=True).start()
+    log.info("runner %s ready", node.hostname)
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(**kwargs) -> None:
+    node.stop()
+
+
+# --- the work ----------------------------------------------------------------------------------
+
+
+async def _setup(spec: SessionSpec, gateway: str) -> None:
+    node.sessions.add(spec.sid)
+    await node.executor.start(spec)
+    try:
+        await node.executor.wait_ready(spec.sid, float("inf"))
+        state = {"state": "ready"}
+    except SetupFailed as exc:
+        state = {"state": "failed", "error": str(exc)}
+    except UnknownSession:
+        state = {"state": "gone"}
+    node.redis.set(state_key(spec.sid), json.dumps(state), ex=STATE_TTL)
+    node.publish(gateway, {"kind": "state", "sid": spec.sid, **state})
+
+
+async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:
+    started = time.time()
+    try:
+        outcome = await node.executor.call(sid, name, tool_input, timeout, task_id)
+        payload = {"result": outcome.result, "exception": outcome.exception}
+    except UnknownSession:
+        payload = {"result": None, "exception": "Session lost: this runner does not hold it."}
+    payload.update(started_at=started, finished_at=time.time())
+    node.redis.set(result_key(task_id), json.dumps(payload), ex=RESULT_TTL)
+    node.publish(gateway, {"kind": "call", "task_id": task_id})
+
+
+async def _reply(gateway: str, request_id: str, fn) -> None:
+    try:
+        message = {"kind": "reply", "request": request_id, "ok": True, "value": await fn()}
+    except UnknownSession:
+        message = {"kind": "reply", "request": request_id, "ok": False, "error": "unknown_session"}
+    except Exception as exc:  # the environment's code failed
+        message = {"kind": "reply", "request": request_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    node.publish(gateway, message)
+
+
+async def _teardown(sid: str) -> None:
+    node.sessions.discard(sid)
+    await node.executor.stop(sid)
+
+
+# Celery tasks only schedule work on the node's loop and return at once: a long tool call
+# occupies no Celery pool thread, so a node serves as many concurrent calls as its executor can.
+
+
+@app.task(name="ors.runner.setup")
+def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets: dict, gateway: str) -> None:
+    if sid in node.sessions:
+        return  # a redelivered setup
+    spec = SessionSpec(sid=sid, package_path=package_path, entrypoint=entrypoint, task_spec=task_spec,
+                       secrets=secrets)
+    node.submit(_setup(spec, gateway))
+
+
+@app.task(name="ors.runner.call")
+def call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:
+    now = time.time()
+    if task_id in node.seen_calls:
+        return  # duplicate delivery: a tool call never runs twice
+    node.seen_calls[task_id] = now
+    if len(node.seen_calls) > 100_000:
+        cutoff = now - 3600
+        node.seen_calls = {k: v for k, v in node.seen_calls.items() if v > cutoff}
+    node.submit(_call(sid, task_id, name, tool_input, timeout, gateway))
+
+
+@app.task(name="ors.runner.prompt")
+def prompt(sid: str, request_id: str, gateway: str) -> None:
+    node.submit(_reply(gateway, request_id, lambda: node.executor.prompt(sid)))
+
+
+@app.task(name="ors.runner.task_tools")
+def task_tools(sid: str, request_id: str, gateway: str) -> None:
+    node.submit(_reply(gateway, request_id, lambda: node.executor.task_tools(sid)))
+
+
+@app.task(name="ors.runner.teardown")
+def teardown(sid: str) -> None:
+    node.submit(_teardown(sid))
+
+
+class _ScrubEnvironment(bootsteps.StartStopStep):
+    """Drop platform credentials from this process's environment before any tenant code runs,
+    in case the node was started with them (environment code can read os.environ)."""
+
+    def start(self, worker) -> None:
+        for name in ("SECRET_KEY", "DATABASE_URL", "DJANGO_SETTINGS_MODULE", "AWS_SECRET_ACCESS_KEY"):
+            os.environ.pop(name, None)
+
+
+app.steps["worker"].add(_ScrubEnvironment)
+
+
+def default_hostname() -> str:
+    return f"runner-{os.getpid()}@{socket.gethostname()}"

@@ -1,0 +1,270 @@
+"""The gateway's side of the Celery executor: environment instances live on runner nodes
+(``orsplatform/runners/node.py``), and any gateway can serve any session.
+
+Work goes to a node's own queue as a Celery task; answers come back on Redis (see node.py): a
+pub/sub channel per gateway wakes the waiting request, and durable keys (setup state, call results)
+are what the request actually reads, so a lost wake-up only costs the polling interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import redis.asyncio as aioredis
+from celery import Celery
+from celery.utils.nodenames import worker_direct
+from django.conf import settings
+
+from orsplatform.runners.executor import (
+    CallOutcome,
+    Executor,
+    SessionSpec,
+    SetupFailed,
+    SetupPending,
+    UnknownSession,
+)
+
+log = logging.getLogger(__name__)
+
+
+class NoRunnerAvailable(Exception):
+    """No runner node has a live heartbeat; /create answers 503."""
+
+
+class RunnerLost(UnknownSession):
+    """The node holding the session stopped (its heartbeat expired)."""
+
+
+class CeleryExecutor(Executor):
+    shared = True  # sessions live outside this process: any gateway may serve them
+
+    def __init__(self) -> None:
+        self.prefix = settings.ORS_REDIS_PREFIX
+        self.gateway = uuid.uuid4().hex[:12]
+        self.redis = aioredis.from_url(settings.REDIS_URL)
+        self.celery = Celery("ors-gateway", broker=settings.CELERY_BROKER_URL)
+        self.celery.conf.update(task_serializer="json", accept_content=["json"],
+                                broker_connection_retry_on_startup=True)
+        self._sender = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ors-send")
+        self._runners: dict[str, str] = {}  # sid -> runner hostname
+        self._wakeups: dict[str, asyncio.Event] = {}  # sid or task_id -> event
+        self._replies: dict[str, asyncio.Future] = {}
+        self._runner_cache: tuple[float, list[tuple[str, int]]] = (0.0, [])
+        self._listener: asyncio.Task | None = None
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}:{kind}:{name}"
+
+    async def _ensure_listener(self) -> None:
+        if self._listener is None or self._listener.done():
+            ready = asyncio.Event()
+            self._listener = asyncio.create_task(self._listen(ready))
+            await asyncio.wait_for(ready.wait(), 5)
+
+    async def _listen(self, ready: asyncio.Event) -> None:
+        while True:
+            try:
+                pubsub = self.redis.pubsub()
+                await pubsub.subscribe(self._key("gw", self.gateway))
+                ready.set()
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self._dispatch(json.loads(message["data"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis restarted: resubscribe; durable keys cover the gap
+                log.warning("runner channel lost (%s); resubscribing", exc)
+                ready.set()
+                await asyncio.sleep(0.5)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("kind")
+        if kind == "reply":
+            future = self._replies.pop(message.get("request", ""), None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        else:
+            event = self._wakeups.get(message.get("task_id") or message.get("sid") or "")
+            if event is not None:
+                event.set()
+
+    async def _send(self, task: str, runner: str, *args: Any) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(
+            self._sender,
+            lambda: self.celery.send_task(task, args=list(args), queue=worker_direct(runner), retry=False),
+        )
+
+    async def runners(self) -> list[tuple[str, int]]:
+        """Live runner nodes and their session counts, from their heartbeats (cached 1 s)."""
+        cached_at, runners = self._runner_cache
+        if time.monotonic() - cached_at < 1.0:
+            return runners
+        keys = [k async for k in self.redis.scan_iter(match=self._key("runner", "*"), count=500)]
+        values = await self.redis.mget(keys) if keys else []
+        runners = []
+        for key, value in zip(keys, values, strict=True):
+            if value:
+                name = key.decode().split(":runner:", 1)[1]
+                runners.append((name, int(json.loads(value).get("sessions", 0))))
+        self._runner_cache = (time.monotonic(), runners)
+        return runners
+
+    async def runner_alive(self, runner: str) -> bool:
+        return bool(await self.redis.exists(self._key("runner", runner)))
+
+    # --- Executor -----------------------------------------------------------------------------
+
+    async def place(self) -> str:
+        runners = await self.runners()
+        if not runners:
+            raise NoRunnerAvailable()
+        # Least loaded; the cache lags a second, so count this gateway's own placements too.
+        local = {}
+        for runner in self._runners.values():
+            local[runner] = local.get(runner, 0) + 1
+        name, _ = min(runners, key=lambda r: (r[1] + local.get(r[0], 0), r[0]))
+        return name
+
+    def attach(self, sid: str, runner: str) -> None:
+        self._runners[sid] = runner
+
+    def _runner_of(self, sid: str) -> str:
+        runner = self._runners.get(sid)
+        if runner is None:
+            raise UnknownSession(sid)
+        return runner
+
+    async def start(self, spec: SessionSpec, runner: str = "") -> None:
+        await self._ensure_listener()
+        runner = runner or await self.place()
+        self._runners[spec.sid] = runner
+        await self._send("ors.runner.setup", runner, spec.sid, spec.package_path, spec.entrypoint,
+                         spec.task_spec, dict(spec.secrets), self.gateway)
+
+    async def _state(self, sid: str) -> dict | None:
+        raw = await self.redis.get(self._key("state", sid))
+        return json.loads(raw) if raw else None
+
+    async def wait_ready(self, sid: str, timeout: float) -> None:
+        runner = self._runner_of(sid)
+        await self._ensure_listener()
+        deadline = time.monotonic() + timeout
+        event = self._wakeups.setdefault(sid, asyncio.Event())
+        try:
+            while True:
+                state = await self._state(sid)
+                if state is not None:
+                    if state["state"] == "ready":
+                        return
+                    if state["state"] == "failed":
+                        raise SetupFailed(state.get("error", "setup failed"))
+                    raise UnknownSession(sid)
+                if not await self.runner_alive(runner):
+                    raise RunnerLost(sid)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SetupPending(sid)
+                event.clear()
+                try:
+                    await asyncio.wait_for(event.wait(), min(remaining, 0.5))
+                except TimeoutError:
+                    pass
+        finally:
+            self._wakeups.pop(sid, None)
+
+    async def _request(self, task: str, sid: str) -> Any:
+        runner = self._runner_of(sid)
+        await self._ensure_listener()
+        request_id = uuid.uuid4().hex
+        future = asyncio.get_running_loop().create_future()
+        self._replies[request_id] = future
+        try:
+            await self._send(task, runner, sid, request_id, self.gateway)
+            deadline = time.monotonic() + settings.ORS_RUNNER_REPLY_TIMEOUT_SECONDS
+            while True:
+                try:
+                    message = await asyncio.wait_for(asyncio.shield(future), 1.0)
+                    break
+                except TimeoutError:
+                    if not await self.runner_alive(runner):
+                        raise RunnerLost(sid) from None
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"runner {runner} did not answer") from None
+        finally:
+            self._replies.pop(request_id, None)
+        if message["ok"]:
+            return message["value"]
+        if message["error"] == "unknown_session":
+            raise UnknownSession(sid)
+        raise RuntimeError(message["error"])
+
+    async def prompt(self, sid: str) -> list[dict]:
+        return await self._request("ors.runner.prompt", sid)
+
+    async def task_tools(self, sid: str) -> list[dict]:
+        return await self._request("ors.runner.task_tools", sid)
+
+    async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "") -> CallOutcome:
+        runner = self._runner_of(sid)
+        await self._ensure_listener()
+        task_id = task_id or uuid.uuid4().hex
+        event = self._wakeups.setdefault(task_id, asyncio.Event())
+        try:
+            await self._send("ors.runner.call", runner, sid, task_id, name, input, timeout, self.gateway)
+            return await self._await_result(task_id, runner, timeout, event)
+        finally:
+            self._wakeups.pop(task_id, None)
+
+    async def result(self, task_id: str) -> dict | None:
+        """A finished call's result as the runner left it (None while it runs)."""
+        raw = await self.redis.get(self._key("result", task_id))
+        return json.loads(raw) if raw else None
+
+    async def wait_result(self, task_id: str, runner: str, timeout: float) -> CallOutcome:
+        """Wait for a call started elsewhere (a reconnect on another gateway)."""
+        event = self._wakeups.setdefault(task_id, asyncio.Event())
+        try:
+            return await self._await_result(task_id, runner, timeout, event)
+        finally:
+            self._wakeups.pop(task_id, None)
+
+    async def _await_result(self, task_id: str, runner: str, timeout: float, event: asyncio.Event) -> CallOutcome:
+        # The runner enforces the tool timeout; past it plus a grace period the runner is not answering.
+        deadline = time.monotonic() + timeout + settings.ORS_RUNNER_REPLY_TIMEOUT_SECONDS
+        poll = settings.ORS_RUNNER_POLL_SECONDS
+        while True:
+            try:
+                await asyncio.wait_for(event.wait(), poll)
+            except TimeoutError:
+                pass
+            event.clear()
+            payload = await self.result(task_id)
+            if payload is not None:
+                return CallOutcome(result=payload["result"], exception=payload["exception"])
+            if not await self.runner_alive(runner):
+                return CallOutcome(exception="Runner lost: the node holding this session stopped.")
+            if time.monotonic() > deadline:
+                return CallOutcome(exception=f"Runner {runner} did not answer in time.")
+
+    async def stop(self, sid: str) -> None:
+        runner = self._runners.pop(sid, None)
+        if runner is not None:
+            try:
+                await self._send("ors.runner.teardown", runner, sid)
+            except Exception as exc:
+                log.warning("could not send teardown of %s to %s: %s", sid, runner, exc)
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+        self._sender.shutdown(wait=False)
+        await self.redis.aclose()
