@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "orsplatform.catalog",
     "orsplatform.episodes",
     "orsplatform.console",
+    "orsplatform.analytics",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -144,11 +145,22 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "memory://"
 # Without a broker (the embedded default) tasks run eagerly, in the caller's process.
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", not os.environ.get("CELERY_BROKER_URL"))
 CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")  # platform tasks
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_BEAT_SCHEDULE: dict = {}
+CELERY_BEAT_SCHEDULE: dict = {
+    # The celery executor's housekeeping (no-ops with the inline executor: no runner sessions).
+    "reap-idle-sessions": {"task": "orsplatform.episodes.tasks.reap_idle_sessions",
+                           "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
+    "fail-lost-runners": {"task": "orsplatform.episodes.tasks.fail_lost_runners",
+                          "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
+    "finish-orphaned-calls": {"task": "orsplatform.episodes.tasks.finish_orphaned_calls", "schedule": 30.0},
+    # Folds new tool calls into the analytics rollups (bounded batches; a backlog re-queues itself).
+    "analytics-rollup": {"task": "analytics.rollup_tool_calls", "schedule": 30.0},
+}
 
 # --- ORS platform settings ------------------------------------------------------------------------
 ORS_EXECUTOR = os.environ.get("ORS_EXECUTOR", "inline")
@@ -161,6 +173,14 @@ ORS_SETUP_WAIT_SECONDS = env_float("ORS_SETUP_WAIT_SECONDS", 25.0)
 ORS_SSE_PING_SECONDS = env_float("ORS_SSE_PING_SECONDS", 5.0)
 # Finished call results stay in memory this long for reconnects (then the audit row serves them).
 ORS_RESULT_LINGER_SECONDS = env_float("ORS_RESULT_LINGER_SECONDS", 120.0)
+# Activity (pings) is kept in memory and written in bulk this often; idle expiry sees it then.
+ORS_ACTIVITY_FLUSH_SECONDS = env_float("ORS_ACTIVITY_FLUSH_SECONDS", 30.0)
+# Celery executor: how long a gateway trusts its copy of another gateway's session row, how often
+# a waiting call re-reads the durable result (a lost wake-up costs at most this), how long a
+# request waits for a runner's reply, and when a runner without a heartbeat counts as lost.
+ORS_SESSION_CACHE_SECONDS = env_float("ORS_SESSION_CACHE_SECONDS", 1.0)
+ORS_RUNNER_POLL_SECONDS = env_float("ORS_RUNNER_POLL_SECONDS", 1.0)
+ORS_RUNNER_REPLY_TIMEOUT_SECONDS = env_float("ORS_RUNNER_REPLY_TIMEOUT_SECONDS", 60.0)
 ORS_MAX_BODY_BYTES = env_int("ORS_MAX_BODY_BYTES", 10 * 1024 * 1024)
 ORS_MAX_HEADER_BYTES = env_int("ORS_MAX_HEADER_BYTES", 16 * 1024)
 ORS_MAX_LIST_TASKS = env_int("ORS_MAX_LIST_TASKS", 100_000)
@@ -178,6 +198,19 @@ ORS_CATALOG_CACHE_SECONDS = env_float("ORS_CATALOG_CACHE_SECONDS", 2.0)
 ORS_PACKAGE_DIR = Path(os.environ.get("ORS_PACKAGE_DIR", VAR_DIR / "packages"))
 ORS_ENVS_DIR = Path(os.environ.get("ORS_ENVS_DIR", BASE_DIR / "envs"))
 ORS_INSPECT_TIMEOUT_SECONDS = env_float("ORS_INSPECT_TIMEOUT_SECONDS", 120.0)
+# Publishing limits. Tenant code is validated in a subprocess with these caps (wall time above,
+# address space and file size here); uploads above the byte limits answer 413.
+ORS_INSPECT_MEMORY_BYTES = env_int("ORS_INSPECT_MEMORY_BYTES", 1024 * 1024 * 1024)
+ORS_INSPECT_FILE_BYTES = env_int("ORS_INSPECT_FILE_BYTES", 1024 * 1024 * 1024)
+ORS_MAX_PACKAGE_BYTES = env_int("ORS_MAX_PACKAGE_BYTES", 64 * 1024 * 1024)
+ORS_MAX_PACKAGE_UNPACKED_BYTES = env_int("ORS_MAX_PACKAGE_UNPACKED_BYTES", 512 * 1024 * 1024)
+ORS_MAX_PACKAGE_FILES = env_int("ORS_MAX_PACKAGE_FILES", 5000)
+ORS_MAX_COMPRESSION_RATIO = env_int("ORS_MAX_COMPRESSION_RATIO", 200)
+ORS_MAX_TASK_FILE_BYTES = env_int("ORS_MAX_TASK_FILE_BYTES", 4 * 1024 * 1024 * 1024)
+ORS_MAX_TASK_BYTES = env_int("ORS_MAX_TASK_BYTES", 8 * 1024 * 1024)  # one task (one JSONL line)
+ORS_UPLOAD_DIR = Path(os.environ.get("ORS_UPLOAD_DIR", VAR_DIR / "uploads"))
+# Large uploads stream to disk instead of memory; task files are read from there, never whole.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 
 LOG_LEVEL = os.environ.get("ORS_LOG_LEVEL", "INFO")
 LOGGING = {

@@ -10,6 +10,7 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("console/", include("orsplatform.console.urls")),
+    path("analytics/", include("orsplatform.analytics.urls")),
     path("api/", include("orsplatform.api.urls")),
     path("admin/", admin.site.urls),
 ]

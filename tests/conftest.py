@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.fixtures.tenancy",
     "tests.fixtures.ors",
     "tests.fixtures.server",
+    "tests.fixtures.celery",
 ]

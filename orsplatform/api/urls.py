@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from orsplatform.api import views
+from orsplatform.api import analytics, publishing, views
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -10,4 +10,24 @@ urlpatterns = [
     path("v1/environments/<str:team>/<str:slug>", views.EnvironmentDetailView.as_view(), name="api-environment"),
     path("v1/sessions", views.SessionListView.as_view(), name="api-sessions"),
     path("v1/sessions/<str:sid>", views.SessionDetailView.as_view(), name="api-session"),
+    # Publishing (orsplatform/api/publishing.py)
+    path("v1/environments/<str:team>/<str:slug>/versions", publishing.VersionListView.as_view(),
+         name="api-versions"),
+    path("v1/environments/<str:team>/<str:slug>/versions/<int:number>", publishing.VersionDetailView.as_view(),
+         name="api-version"),
+    path("v1/environments/<str:team>/<str:slug>/rollback", publishing.RollbackView.as_view(), name="api-rollback"),
+    path("v1/environments/<str:team>/<str:slug>/splits", publishing.SplitListView.as_view(), name="api-splits"),
+    path("v1/environments/<str:team>/<str:slug>/splits/<str:split>/tasks", publishing.SplitTasksView.as_view(),
+         name="api-split-tasks"),
+    path("v1/ingest-jobs/<int:job_id>", publishing.IngestJobView.as_view(), name="api-ingest-job"),
+    # Analytics and export (orsplatform/api/analytics.py)
+    path("v1/analytics/overview", analytics.AnalyticsOverviewView.as_view(), name="api-analytics-overview"),
+    path("v1/analytics/environments/<str:team>/<str:slug>", analytics.AnalyticsEnvironmentView.as_view(),
+         name="api-analytics-environment"),
+    path("v1/analytics/sessions", analytics.AnalyticsSessionListView.as_view(), name="api-analytics-sessions"),
+    path("v1/analytics/sessions/<str:sid>", analytics.AnalyticsSessionDetailView.as_view(),
+         name="api-analytics-session"),
+    path("v1/analytics/export.jsonl", analytics.AnalyticsExportJsonlView.as_view(), name="api-analytics-export-jsonl"),
+    path("v1/analytics/export.parquet", analytics.AnalyticsExportParquetView.as_view(),
+         name="api-analytics-export-parquet"),
 ]

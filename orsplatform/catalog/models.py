@@ -90,3 +90,52 @@ class Task(models.Model):
     class Meta:
         # task / task_range are lookups on this index, never list scans.
         constraints = [models.UniqueConstraint(fields=["split", "index"], name="task_split_index_unique")]
+
+
+class IngestJob(models.Model):
+    """One upload of a task file into a split; its progress is visible while the ingest runs."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    class Mode(models.TextChoices):
+        APPEND = "append"
+        REPLACE = "replace"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="ingest_jobs")
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="ingest_jobs")
+    split_name = models.CharField(max_length=100)
+    split_type = models.CharField(max_length=16, blank=True)
+    mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.APPEND)
+    format = models.CharField(max_length=8)
+    file_name = models.CharField(max_length=255, blank=True)
+    # The saved upload; removed once the ingest has finished either way.
+    source_path = models.CharField(max_length=500, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    rows_done = models.PositiveBigIntegerField(default=0)
+    bytes_done = models.PositiveBigIntegerField(default=0)
+    bytes_total = models.PositiveBigIntegerField(default=0)
+    num_tasks = models.PositiveIntegerField(null=True, blank=True)  # the split's count after success
+    error_report = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "-created_at"])]
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+
+    @property
+    def percent(self) -> int:
+        if self.status == self.Status.SUCCEEDED:
+            return 100
+        if not self.bytes_total:
+            return 0
+        return min(99, int(100 * self.bytes_done / self.bytes_total))

@@ -2,21 +2,31 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
+import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Max
+from django.utils import timezone
 
-from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
+from orsplatform.catalog import ingest, packages
+from orsplatform.catalog.ingest import IngestError
+from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.teams.models import Team
 from orsplatform.teams.services import validate_slug
 
@@ -35,6 +45,8 @@ class PublishError(Exception):
 class PublishResult:
     version: EnvironmentVersion
     created: bool
+    # What validation found (tools, splits, task counts, whether a prompt was rendered).
+    report: dict = field(default_factory=dict)
 
 
 def _package_files(root: Path) -> list[Path]:
@@ -51,7 +63,8 @@ def package_hash(root: Path) -> str:
     digest = hashlib.sha256()
     for path in _package_files(root):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        with path.open("rb") as fh:  # streamed: a package may carry large task files
+            digest.update(hashlib.file_digest(fh, "sha256").digest())
     return digest.hexdigest()
 
 
@@ -63,37 +76,6 @@ def read_manifest(root: Path) -> dict:
         return tomllib.loads(manifest_path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PublishError(f"manifest.toml is not valid TOML: {exc}", check="manifest") from exc
-
-
-def _inspect(package_dir: Path, entrypoint: str, tasks_out: Path) -> dict:
-    # A scrubbed environment: tenant code must not see the platform's settings or credentials.
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tasks_out.parent), "LANG": "C.UTF-8",
-           "PYTHONPATH": str(settings.BASE_DIR), "PYTHONDONTWRITEBYTECODE": "1"}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "orsplatform.runners.inspector", str(package_dir), entrypoint, str(tasks_out)],
-            capture_output=True, text=True, env=env, cwd=str(package_dir),
-            timeout=settings.ORS_INSPECT_TIMEOUT_SECONDS,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise PublishError(f"Validation timed out after {exc.timeout:.0f} s.", check="timeout") from exc
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    try:
-        report = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        raise PublishError(f"Validation process died (exit {proc.returncode}).", check="process",
-                           traceback=proc.stderr[-4000:]) from None
-    if not report.get("ok"):
-        raise PublishError(report.get("error", "validation failed"), check=report.get("check", ""),
-                           traceback=report.get("traceback", ""))
-    return report
-
-
-def _read_task_lines(path: Path) -> Iterator[tuple[str, dict]]:
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            row = json.loads(line)
-            yield row["split"], row["spec"]
 
 
 def split_replace_tasks(*, environment: Environment, name: str, type: str, specs: Iterable) -> Split:
@@ -116,21 +98,200 @@ def split_replace_tasks(*, environment: Environment, name: str, type: str, specs
     return split
 
 
+logger = logging.getLogger(__name__)
+
+# tasks/<split>.<ext> inside a package.
+TASK_FILE_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+MANIFEST_LIST_FIELDS = ("required_secrets", "requirements")
+MAX_TOOL_TIMEOUT_SECONDS = 24 * 3600
+
+
+def manifest_validate(manifest: dict) -> dict:
+    """Checks the manifest's known fields; unknown fields are kept for forward compatibility."""
+    def fail(message: str) -> PublishError:
+        return PublishError(f"manifest.toml: {message}", check="manifest")
+
+    for key in ("name", "description", "entrypoint", "visibility"):
+        if key in manifest and not isinstance(manifest[key], str):
+            raise fail(f"'{key}' must be a string.")
+    entrypoint = manifest.get("entrypoint")
+    if entrypoint is not None and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", entrypoint):
+        raise fail(f"entrypoint {entrypoint!r} must look like 'module:Class'.")
+    if "visibility" in manifest and manifest["visibility"] not in Environment.Visibility.values:
+        raise fail(f"unknown visibility {manifest['visibility']!r} (public or private).")
+    timeout = manifest.get("tool_timeout_seconds")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 < timeout <= MAX_TOOL_TIMEOUT_SECONDS):
+        raise fail(f"tool_timeout_seconds must be a number of seconds in (0, {MAX_TOOL_TIMEOUT_SECONDS}].")
+    for key in MANIFEST_LIST_FIELDS:
+        value = manifest.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise fail(f"'{key}' must be a list of strings.")
+    return manifest
+
+
+def _wait_exited(pid: int, timeout: float) -> bool:
+    """Waits for the process to exit without reaping it, so its process group id stays reserved
+    until the group has been killed. True when it exited in time."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            readable, _, _ = select.select([fd], [], [], timeout)
+            return bool(readable)
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)  # fallback without pidfd: poll for the exit
+    return True
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path, limit: int = 8000) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(fh.tell() - limit, 0))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None = None) -> dict:
+    """Runs the inspector on ``package_dir`` in a subprocess: its own session (so the whole process
+    group, forks included, is killed at the end), a wall-clock limit, memory and file-size rlimits,
+    and an environment with none of the platform's settings or credentials."""
+    scratch = work / "home"
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "LANG": "C.UTF-8",
+           "PYTHONPATH": str(settings.BASE_DIR), "PYTHONDONTWRITEBYTECODE": "1",
+           "ORS_INSPECT_MEMORY_BYTES": str(settings.ORS_INSPECT_MEMORY_BYTES),
+           "ORS_INSPECT_FILE_BYTES": str(settings.ORS_INSPECT_FILE_BYTES)}
+    cmd = [sys.executable, "-m", "orsplatform.runners.inspector", str(package_dir), entrypoint, str(work)]
+    if sample is not None:
+        (work / "sample.json").write_text(json.dumps(sample))
+        cmd.append(str(work / "sample.json"))
+    timeout = settings.ORS_INSPECT_TIMEOUT_SECONDS
+    # Files, not pipes: a forked child that outlives the inspector would hold a pipe open forever.
+    with (work / "stdout.log").open("wb") as out, (work / "stderr.log").open("wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                                cwd=str(scratch), start_new_session=True)
+    try:
+        exited = _wait_exited(proc.pid, timeout)
+    finally:
+        _kill_group(proc.pid)
+        proc.wait()
+    try:
+        report = json.loads((work / "report.json").read_text())
+    except (OSError, ValueError):
+        report = {}
+    stage = report.get("check", "start")
+    output = _tail(work / "stderr.log") or _tail(work / "stdout.log")
+    if not exited:
+        raise PublishError(f"Validation timed out after {timeout:g} s during the '{stage}' check; "
+                           "the validation process and its children were killed.", check="timeout",
+                           traceback=output)
+    if report.get("ok"):
+        return report
+    if "error" in report:
+        raise PublishError(report["error"], check=report.get("check", ""), traceback=report.get("traceback", ""))
+    code = proc.returncode
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    raise PublishError(f"The validation process ended ({how}) during the '{stage}' check without a report.",
+                       check="process", traceback=output)
+
+
+def package_task_files(root: Path) -> dict[str, tuple[Path, str]]:
+    """``tasks/<split>.jsonl|csv|parquet`` of a package, by split name."""
+    found: dict[str, tuple[Path, str]] = {}
+    folder = root / "tasks"
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.iterdir()):
+        # Not path.suffix: for "tasks/.jsonl" (a file missing its split name) that is empty.
+        suffix = next((s for s in TASK_FILE_FORMATS if path.name.lower().endswith(s)), None)
+        if suffix is None or not path.is_file():
+            continue
+        fmt, name = TASK_FILE_FORMATS[suffix], path.name[: -len(suffix)]
+        try:
+            ingest.validate_split_name(name)
+        except IngestError as exc:
+            raise PublishError(f"tasks/{path.name}: {exc}", check="tasks") from exc
+        if name in found:
+            raise PublishError(f"Two task files for split '{name}' ({found[name][0].name}, {path.name}).",
+                               check="tasks")
+        found[name] = (path, fmt)
+    return found
+
+
+def _first_task(path: Path, fmt: str) -> dict | None:
+    errors = ingest.Errors()
+    try:
+        ingest.sniff(path, fmt)
+        for _, text in ingest.READERS[fmt](path, errors, [0]):
+            return json.loads(text)
+    except IngestError:
+        return None  # reported properly when the file is ingested
+    return None
+
+
+def _store_package(source: Path, content_hash: str) -> Path:
+    stored = settings.ORS_PACKAGE_DIR / content_hash
+    if not stored.exists():
+        settings.ORS_PACKAGE_DIR.mkdir(parents=True, exist_ok=True)
+        # Copy beside the final place, then rename, so a half-copied package is never visible.
+        tmp = Path(tempfile.mkdtemp(dir=settings.ORS_PACKAGE_DIR))
+        shutil.copytree(source, tmp / "pkg", ignore=shutil.ignore_patterns(*IGNORED_NAMES, "*.pyc"))
+        try:
+            (tmp / "pkg").rename(stored)
+        except OSError:
+            if not stored.exists():  # not a concurrent publish of the same content: a real failure
+                raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return stored
+
+
+def _ingest_into(environment: Environment, name: str, type: str, path: Path, fmt: str, where: str) -> None:
+    try:
+        tasks_ingest(environment=environment, split_name=name, split_type=type, mode=IngestJob.Mode.REPLACE,
+                     path=path, fmt=fmt, allow_empty=True)
+    except IngestError as exc:
+        lines = "\n".join(f"line {e['line']}: {e['error']}" if e["line"] else e["error"] for e in exc.errors)
+        raise PublishError(f"{where}: {exc}", check="tasks", traceback=lines) from exc
+
+
 def environment_publish(
-    *, team: Team, source_dir: Path, created_by=None, slug: str | None = None, visibility: str | None = None
+    *, team: Team, source_dir: Path, created_by=None, slug: str | None = None, visibility: str | None = None,
+    default_slug: str | None = None,
 ) -> PublishResult:
-    """Publish a package directory as a new immutable version (a no-op for identical content)."""
+    """Publish a package directory as a new immutable version (a no-op for identical content).
+
+    Validation runs on a throwaway copy, so what tenant code does during validation never reaches the
+    stored package; nothing is written to the database until validation has passed, and the version,
+    its splits and all its tasks are then written in one transaction.
+    """
     source_dir = Path(source_dir).resolve()
-    manifest = read_manifest(source_dir)
-    slug = slug or manifest.get("name") or source_dir.name
+    manifest = manifest_validate(read_manifest(source_dir))
+    slug = slug or manifest.get("name") or default_slug or source_dir.name
     try:
         validate_slug(slug)
     except ValidationError as exc:
         raise PublishError(f"Invalid environment name '{slug}': {' '.join(exc.messages)}", check="manifest") from exc
-    entrypoint = manifest.get("entrypoint", "env:Environment")
-    visibility = visibility or manifest.get("visibility", Environment.Visibility.PRIVATE)
-    if visibility not in Environment.Visibility.values:
+    visibility = visibility or manifest.get("visibility")
+    if visibility is not None and visibility not in Environment.Visibility.values:
         raise PublishError(f"Unknown visibility '{visibility}'.", check="manifest")
+    task_files = package_task_files(source_dir)
     content_hash = package_hash(source_dir)
 
     existing = EnvironmentVersion.objects.filter(
@@ -140,38 +301,228 @@ def environment_publish(
     if existing is not None:
         return PublishResult(version=existing, created=False)
 
-    stored = settings.ORS_PACKAGE_DIR / content_hash
-    if not stored.exists():
-        settings.ORS_PACKAGE_DIR.mkdir(parents=True, exist_ok=True)
-        # Copy beside the final place, then rename, so a half-copied package is never visible.
-        tmp = Path(tempfile.mkdtemp(dir=settings.ORS_PACKAGE_DIR))
-        shutil.copytree(source_dir, tmp / "pkg", ignore=shutil.ignore_patterns(*IGNORED_NAMES, "*.pyc"))
-        (tmp / "pkg").rename(stored)
-        tmp.rmdir()
+    with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
+        work = Path(tmp)
+        shutil.copytree(source_dir, work / "pkg", ignore=shutil.ignore_patterns(*IGNORED_NAMES, "*.pyc"))
+        sample = next((t for t in (_first_task(p, f) for p, f in task_files.values()) if t is not None), None)
+        report = _inspect(work / "pkg", manifest.get("entrypoint", ""), work, sample)
+        declared = {s["name"]: s for s in report["splits"]}
+        undeclared = sorted(set(task_files) - set(declared))
+        if undeclared:
+            raise PublishError(f"Task files for splits that list_splits() does not declare: {', '.join(undeclared)}.",
+                               check="tasks")
+        fresh = not (settings.ORS_PACKAGE_DIR / content_hash).exists()
+        stored = _store_package(source_dir, content_hash)
+        try:
+            return _version_create(team=team, slug=slug, manifest=manifest, visibility=visibility,
+                                   content_hash=content_hash, stored=stored, report=report, work=work,
+                                   task_files=task_files, created_by=created_by)
+        except BaseException:
+            # Nothing half-published: a package stored for this attempt alone goes with it.
+            if fresh and not EnvironmentVersion.objects.filter(content_hash=content_hash).exists():
+                shutil.rmtree(stored, ignore_errors=True)
+            raise
 
-    with tempfile.TemporaryDirectory() as work:
-        tasks_file = Path(work) / "tasks.jsonl"
-        report = _inspect(stored, entrypoint, tasks_file)
-        by_split: dict[str, list] = {s["name"]: [] for s in report["splits"]}
-        for split_name, spec in _read_task_lines(tasks_file):
-            by_split[split_name].append(spec)
 
-        with transaction.atomic():
-            environment, _ = Environment.objects.select_for_update().get_or_create(
-                team=team, slug=slug,
-                defaults={"description": manifest.get("description", ""), "visibility": visibility},
-            )
-            number = (environment.versions.aggregate(n=Max("number"))["n"] or 0) + 1
-            version = EnvironmentVersion.objects.create(
-                environment=environment, number=number, content_hash=content_hash, package_path=str(stored),
-                entrypoint=entrypoint, tools=report["tools"], splits=report["splits"], manifest=manifest,
-                status=EnvironmentVersion.Status.READY, created_by=created_by,
-            )
-            for split in report["splits"]:
-                split_replace_tasks(environment=environment, name=split["name"], type=split["type"],
-                                    specs=by_split[split["name"]])
-            environment.current_version = version
-            environment.description = manifest.get("description", environment.description)
+def _version_create(*, team: Team, slug: str, manifest: dict, visibility: str | None, content_hash: str,
+                    stored: Path, report: dict, work: Path, task_files: dict, created_by) -> PublishResult:
+    with transaction.atomic():
+        environment, _ = Environment.objects.select_for_update().get_or_create(
+            team=team, slug=slug,
+            defaults={"description": manifest.get("description", ""),
+                      "visibility": visibility or Environment.Visibility.PRIVATE},
+        )
+        raced = environment.versions.filter(content_hash=content_hash).first()
+        if raced is not None:  # an identical upload finished while this one was validating
+            return PublishResult(version=raced, created=False, report=report)
+        number = (environment.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+        version = EnvironmentVersion.objects.create(
+            environment=environment, number=number, content_hash=content_hash, package_path=str(stored),
+            entrypoint=report["entrypoint"], tools=report["tools"], splits=report["splits"],
+            manifest=manifest, status=EnvironmentVersion.Status.READY, created_by=created_by,
+        )
+        for position, split in enumerate(report["splits"]):
+            name, type_ = split["name"], split["type"]
+            # A split's tasks are replaced only by tasks the package brings (a task file wins over
+            # the class's list); otherwise the tasks uploaded earlier stay.
+            if name in task_files:
+                path, fmt = task_files[name]
+                _ingest_into(environment, name, type_, path, fmt, f"tasks/{path.name}")
+            elif report["task_counts"].get(name):
+                _ingest_into(environment, name, type_, work / "tasks" / f"{position}.jsonl", "jsonl",
+                             f"tasks listed by the class for split '{name}'")
+            else:
+                Split.objects.update_or_create(environment=environment, name=name, defaults={"type": type_})
+        environment.current_version = version
+        environment.description = manifest.get("description", environment.description)
+        update = ["current_version", "description"]
+        if visibility is not None:
             environment.visibility = visibility
-            environment.save(update_fields=["current_version", "description", "visibility"])
-    return PublishResult(version=version, created=True)
+            update.append("visibility")
+        environment.save(update_fields=update)
+    return PublishResult(version=version, created=True, report=report)
+
+
+def environment_publish_path(
+    *, team: Team, path: Path, filename: str | None = None, slug: str | None = None,
+    visibility: str | None = None, created_by=None,
+) -> PublishResult:
+    """Publish a folder, a zip, a tar.gz or a single .py (``filename`` is the uploader's name for it)."""
+    try:
+        with packages.unpacked(Path(path), filename=filename) as package:
+            return environment_publish(team=team, source_dir=package.root, created_by=created_by, slug=slug,
+                                       visibility=visibility, default_slug=package.name_hint or None)
+    except packages.PackageError as exc:
+        raise PublishError(str(exc), check=exc.check) from exc
+
+
+class VersionNotFound(LookupError):
+    pass
+
+
+def environment_rollback(*, environment: Environment, number: int) -> EnvironmentVersion:
+    """Point the environment at one of its ready versions (older or newer): discovery and new
+    sessions follow within ORS_CATALOG_CACHE_SECONDS; running sessions keep their version."""
+    with transaction.atomic():
+        locked = Environment.objects.select_for_update().get(pk=environment.pk)
+        version = locked.versions.filter(number=number, status=EnvironmentVersion.Status.READY).first()
+        if version is None:
+            raise VersionNotFound(f"Version {number} of {environment.full_name} does not exist.")
+        locked.current_version = version
+        locked.save(update_fields=["current_version"])
+    environment.current_version = version
+    return version
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    split: Split
+    rows: int
+
+
+def _infer_split_type(name: str) -> str:
+    return name if name in Split.Type.values else Split.Type.VALIDATION
+
+
+def tasks_ingest(
+    *, environment: Environment, split_name: str, mode: str, path: Path, fmt: str,
+    split_type: str | None = None, progress: ingest.Progress | None = None, allow_empty: bool = False,
+) -> IngestResult:
+    """Stream a task file into a split, all or nothing: ``replace`` swaps the split's tasks, ``append``
+    adds after the last one. The whole ingest is one transaction, so readers see the old tasks until
+    it commits, and a bad row (reported with its line) leaves the split exactly as it was."""
+    ingest.validate_split_name(split_name)
+    if mode not in IngestJob.Mode.values:
+        raise IngestError(f"Unknown mode {mode!r}: use append or replace.")
+    if split_type and split_type not in Split.Type.values:
+        raise IngestError(f"Unknown split type {split_type!r}: use train, validation or test.")
+    if fmt not in ingest.FORMATS:
+        raise IngestError(f"Unknown task file format {fmt!r}.")
+    ingest.sniff(path, fmt)
+    with transaction.atomic():
+        split, _ = Split.objects.select_for_update().get_or_create(
+            environment=environment, name=split_name,
+            defaults={"type": split_type or _infer_split_type(split_name)},
+        )
+        if mode == IngestJob.Mode.REPLACE:
+            Task.objects.filter(split=split).delete()
+            start = 0
+        else:
+            start = split.num_tasks
+        with ingest.TaskWriter(split.id, start) as writer:
+            rows = ingest.stream_into(path=path, fmt=fmt, writer=writer, progress=progress)
+        if rows == 0 and not allow_empty:
+            raise IngestError("The file holds no tasks.")
+        split.num_tasks = start + rows
+        split.revision += 1
+        if split_type:
+            split.type = split_type
+        split.save(update_fields=["num_tasks", "revision", "type"])
+    return IngestResult(split=split, rows=rows)
+
+
+class _JobProgress:
+    """Publishes an ingest's progress while its transaction is still open: to the cache, and on
+    PostgreSQL to the job row through a second, autocommit connection. (SQLite allows one writer at a
+    time, so there the row is only updated at the end; the cache serves progress in between.)"""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self._conn = connections.create_connection(DEFAULT_DB_ALIAS) if connection.vendor != "sqlite" else None
+
+    def __call__(self, rows_done: int, bytes_done: int) -> None:
+        cache.set(ingest.progress_key(self.job_id), {"rows_done": rows_done, "bytes_done": bytes_done}, 3600)
+        if self._conn is not None:
+            with self._conn.cursor() as cursor:
+                cursor.execute(f"UPDATE {IngestJob._meta.db_table} SET rows_done = %s, bytes_done = %s "
+                               "WHERE id = %s", [rows_done, bytes_done, self.job_id])
+
+    def close(self) -> None:
+        cache.delete(ingest.progress_key(self.job_id))
+        if self._conn is not None:
+            self._conn.close()
+
+
+class UploadTooLarge(IngestError):
+    pass
+
+
+def ingest_job_create(
+    *, environment: Environment, split_name: str, mode: str, upload, fmt: str | None = None,
+    split_type: str | None = None, created_by=None,
+) -> IngestJob:
+    """Save an uploaded task file and queue its ingest (run by a Celery worker, or at once when eager)."""
+    from orsplatform.catalog.tasks import ingest_tasks
+
+    ingest.validate_split_name(split_name)
+    if mode not in IngestJob.Mode.values:
+        raise IngestError(f"Unknown mode {mode!r}: use append or replace.")
+    if split_type and split_type not in Split.Type.values:
+        raise IngestError(f"Unknown split type {split_type!r}: use train, validation or test.")
+    fmt = ingest.format_for(upload.name or "", fmt)
+    if upload.size > settings.ORS_MAX_TASK_FILE_BYTES:
+        raise UploadTooLarge(f"The file is {upload.size} bytes; the limit is {settings.ORS_MAX_TASK_FILE_BYTES}.")
+    path = packages.save_upload(upload)
+    try:
+        ingest.sniff(path, fmt)
+    except IngestError:
+        packages.remove_quietly(path)
+        raise
+    job = IngestJob.objects.create(
+        team=environment.team, environment=environment, split_name=split_name, split_type=split_type or "",
+        mode=mode, format=fmt, file_name=(upload.name or "")[:255], source_path=str(path),
+        bytes_total=path.stat().st_size, created_by=created_by,
+    )
+    transaction.on_commit(lambda: ingest_tasks.delay(job.id))
+    return job
+
+
+def ingest_job_run(*, job_id: int) -> IngestJob:
+    """Run a queued ingest job once (a redelivered task finds it claimed and does nothing)."""
+    claimed = IngestJob.objects.filter(id=job_id, status=IngestJob.Status.QUEUED).update(
+        status=IngestJob.Status.RUNNING, started_at=timezone.now())
+    job = IngestJob.objects.select_related("environment__team").get(id=job_id)
+    if not claimed:
+        return job
+    progress = _JobProgress(job.id)
+    try:
+        result = tasks_ingest(environment=job.environment, split_name=job.split_name, mode=job.mode,
+                              path=Path(job.source_path), fmt=job.format, split_type=job.split_type or None,
+                              progress=progress)
+    except IngestError as exc:
+        job.status, job.error_report = IngestJob.Status.FAILED, exc.report()
+    except Exception as exc:  # the job must end as failed, never stay "running"
+        logger.exception("ingest job %s failed", job.id)
+        job.status = IngestJob.Status.FAILED
+        job.error_report = {"detail": f"Internal error ({type(exc).__name__}); no task was written.", "errors": []}
+    else:
+        job.status, job.rows_done, job.bytes_done = IngestJob.Status.SUCCEEDED, result.rows, job.bytes_total
+        job.num_tasks = result.split.num_tasks
+    finally:
+        progress.close()
+        packages.remove_quietly(job.source_path)
+    job.finished_at = timezone.now()
+    job.source_path = ""
+    job.save(update_fields=["status", "error_report", "rows_done", "bytes_done", "num_tasks", "finished_at",
+                            "source_path"])
+    return job

@@ -1,10 +1,19 @@
 from django.urls import path
 
-from orsplatform.console import views
+from orsplatform.console import publishing, views
 
 app_name = "console"
 urlpatterns = [
     path("", views.team_list, name="teams"),
     path("<slug:slug>/", views.team_detail, name="team"),
     path("<slug:slug>/keys/<str:prefix>/revoke", views.api_key_revoke_view, name="revoke_key"),
+    # Publishing (orsplatform/console/publishing.py). No trailing slash on "environments": with one it
+    # would be taken for a team called "environments".
+    path("environments", publishing.environments_home, name="environments_home"),
+    path("<slug:slug>/environments/", publishing.environments, name="environments"),
+    path("<slug:slug>/environments/publish", publishing.package_upload, name="publish"),
+    path("<slug:slug>/environments/tasks", publishing.tasks_upload, name="upload_tasks"),
+    path("<slug:slug>/environments/<slug:env>/rollback", publishing.version_rollback, name="rollback"),
+    path("<slug:slug>/ingest/<int:job_id>/", publishing.ingest_job, name="ingest_job"),
+    path("<slug:slug>/ingest/<int:job_id>.json", publishing.ingest_job_json, name="ingest_job_json"),
 ]

@@ -35,6 +35,9 @@ class Session(models.Model):
     calls = models.PositiveIntegerField(default=0)
     total_reward = models.FloatField(null=True, blank=True)
     finished = models.BooleanField(default=False)
+    # The prompt blocks as served on the wire (text and base64 images), recorded on the first
+    # /prompt so the session explorer can replay an episode without importing tenant code.
+    prompt = models.JSONField(null=True, blank=True)
 
     class Meta:
         indexes = [

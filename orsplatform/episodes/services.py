@@ -4,7 +4,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import Count, Exists, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from orsplatform.episodes.models import Session, ToolCall
@@ -44,6 +46,11 @@ def session_mark_failed(*, pk: int, error: str) -> None:
     Session.objects.filter(pk=pk).exclude(status__in=ENDED).update(status=Session.Status.FAILED, error=error[:4000])
 
 
+def session_discard(*, pk: int) -> None:
+    """Remove a session whose runner never received it (so the client may retry the same id)."""
+    Session.objects.filter(pk=pk, calls=0).delete()
+
+
 def session_end(**row: Any) -> None:
     """Close an episode (see sessions_end)."""
     sessions_end(rows=[row])
@@ -74,6 +81,16 @@ def sessions_end(*, rows: list[dict[str, Any]]) -> None:
         ))
     with connection.cursor() as cursor:
         cursor.executemany(_END_SQL, params)
+    # Sessions served by several gateways (the celery executor) have no in-memory totals: sum the
+    # audit log instead.
+    without_totals = [r["pk"] for r in rows if r.get("totals") is None]
+    if without_totals:
+        calls = ToolCall.objects.filter(session=OuterRef("pk"))
+        Session.objects.filter(pk__in=without_totals).update(
+            calls=Coalesce(Subquery(calls.values("session").annotate(n=Count("id")).values("n")), 0),
+            total_reward=Subquery(calls.values("session").annotate(r=Sum("reward")).values("r")),
+            finished=Exists(calls.filter(finished=True)),
+        )
 
 
 def sessions_touch(*, activity: dict[int, tuple[datetime, datetime | None]]) -> None:
@@ -89,6 +106,12 @@ class SessionTotals:
     calls: int
     total_reward: float | None
     finished: bool
+
+
+def tool_call_start(*, session_pk: int, task_id: str, name: str, input: Any, started_at: datetime) -> None:
+    """Record a call as running (the celery executor: another gateway may be asked for it)."""
+    ToolCall.objects.create(session_id=session_pk, task_id=task_id, name=name[:200], input=input,
+                            status=ToolCall.Status.RUNNING, started_at=started_at)
 
 
 def tool_call_record(**row: Any) -> None:
@@ -111,4 +134,82 @@ def tool_calls_record(*, rows: list[dict[str, Any]]) -> None:
             reward=output.get("reward") if ok else None, finished=bool(output.get("finished")) if ok else False,
             error=error[:4000], started_at=r["started_at"], finished_at=r["finished_at"],
         ))
-    ToolCall.objects.bulk_create(calls)
+    # An upsert: the row may exist as "running" (tool_call_start); a finished row is never changed.
+    ToolCall.objects.bulk_create(
+        calls, update_conflicts=True, unique_fields=["task_id"],
+        update_fields=["output", "status", "reward", "finished", "error", "finished_at"],
+    )
+
+
+def session_record_prompt(*, pk: int, blocks: list[dict[str, Any]]) -> None:
+    """Keep the prompt blocks of an episode for the session explorer and training-data exports.
+    Only the first prompt is stored: clients may ask again (reconnects, retries) and the prompt of a
+    task does not change within an episode, so later calls cost a no-op UPDATE, not a rewrite of
+    a possibly large image payload."""
+    Session.objects.filter(pk=pk, prompt__isnull=True).update(prompt=blocks)
+
+
+# --- reaping (the celery executor's beat tasks) ---------------------------------------------------
+
+OPEN = (Session.Status.CREATING, Session.Status.READY)
+
+
+def sessions_expire_idle(*, idle_before: datetime, limit: int) -> list[tuple[str, str]]:
+    """Mark up to `limit` open sessions idle since before `idle_before` as expired; returns their
+    (sid, runner) so the caller can tear them down. Safe with two beats: rows another worker has
+    locked are skipped, and the update re-checks the status."""
+    with transaction.atomic():
+        rows = list(
+            Session.objects.select_for_update(skip_locked=True)
+            .filter(status__in=OPEN, last_activity_at__lt=idle_before).exclude(runner="inline")
+            .order_by("last_activity_at").values_list("pk", "sid", "runner")[:limit]
+        )
+        if rows:
+            Session.objects.filter(pk__in=[r[0] for r in rows], status__in=OPEN).update(
+                status=Session.Status.EXPIRED, ended_at=timezone.now())
+    return [(sid, runner) for _, sid, runner in rows]
+
+
+def open_session_runners() -> list[str]:
+    return list(Session.objects.filter(status__in=OPEN).exclude(runner__in=["", "inline"])
+                .values_list("runner", flat=True).distinct())
+
+
+def sessions_mark_lost(*, runner: str, limit: int) -> int:
+    """A runner's heartbeat stopped: its open sessions are lost and their running calls end with an
+    error. Returns how many sessions were marked (a full batch means: call again)."""
+    now = timezone.now()
+    with transaction.atomic():
+        pks = list(Session.objects.select_for_update(skip_locked=True)
+                   .filter(runner=runner, status__in=OPEN).values_list("pk", flat=True)[:limit])
+        if pks:
+            Session.objects.filter(pk__in=pks, status__in=OPEN).update(
+                status=Session.Status.LOST, ended_at=now, error=f"Runner {runner} stopped.")
+            ToolCall.objects.filter(session_id__in=pks, status=ToolCall.Status.RUNNING).update(
+                status=ToolCall.Status.ERROR, error="Runner lost: the node holding this session stopped.",
+                finished_at=now)
+    return len(pks)
+
+
+def tool_calls_running(*, started_before: datetime, limit: int) -> list[tuple[str, str]]:
+    """(task_id, runner) of calls still marked running that started before the cutoff."""
+    return list(ToolCall.objects.filter(status=ToolCall.Status.RUNNING, started_at__lt=started_before)
+                .values_list("task_id", "session__runner")[:limit])
+
+
+def tool_calls_complete_from_runner(*, rows: list[dict[str, Any]]) -> None:
+    """Record results that runners left in Redis for calls still marked running."""
+    for r in rows:
+        call = ToolCall.objects.filter(task_id=r["task_id"], status=ToolCall.Status.RUNNING).first()
+        if call is None:
+            continue
+        result = r.get("result")
+        ok = bool(result and result.get("ok"))
+        output = (result or {}).get("output") or {}
+        call.output = result
+        call.status = ToolCall.Status.OK if ok else ToolCall.Status.ERROR
+        call.reward = output.get("reward") if ok else None
+        call.finished = bool(output.get("finished")) if ok else False
+        call.error = (r.get("exception") or ("" if ok else (result or {}).get("error", "")))[:4000]
+        call.finished_at = timezone.now()
+        call.save(update_fields=["output", "status", "reward", "finished", "error", "finished_at"])

@@ -192,9 +192,14 @@ class OrsApp:
         live = self.sessions.get(sid)
         if live is not None and live.adopted_at is not None and (
                 time.monotonic() - live.adopted_at > settings.ORS_SESSION_CACHE_SECONDS):
-            # Another gateway may have ended it since: read the row again.
-            self.sessions.pop(sid, None)
-            live = None
+            # Another gateway may have ended it since: read the row again (keeping this gateway's
+            # unflushed activity if it is still open).
+            row = await self.store.session_for(caller, sid) if live.team_id == caller.team_id else None
+            if row is not None and row.status in (Session.Status.CREATING, Session.Status.READY):
+                live.adopted_at = time.monotonic()
+            else:
+                self.sessions.pop(sid, None)
+                live = None
         if live is None and self.executor.shared:
             live = await self._adopt(caller, sid)
         if live is not None and live.team_id == caller.team_id and not live.deleted:
@@ -279,8 +284,8 @@ class OrsApp:
         now = time.monotonic()
         timeout = settings.ORS_IDLE_TIMEOUT_SECONDS
         for live in list(self.sessions.values()):
-            if live.adopted_at is not None and now - live.adopted_at > settings.ORS_SESSION_CACHE_SECONDS:
-                self.sessions.pop(live.sid, None)  # only a cache of another gateway's session
+            if live.adopted_at is not None and now - live.adopted_at > max(timeout, 60):
+                self.sessions.pop(live.sid, None)  # a cached copy nobody asked for in a long while
                 continue
             # With a shared executor, idle expiry is the beat's job (it sees every gateway's activity).
             if not self.executor.shared and now - live.last_activity > timeout and not live.busy():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +79,8 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
     if sid in app.sessions:
         raise HttpError(400, "Session already exists")
 
-    pending = app.pending.pop(sid, None)
+    # Kept until the session exists: a /create refused (429, 503) and retried still has them.
+    pending = app.pending.get(sid)
     if pending is not None and pending.team_id == caller.team_id:
         secrets = {**pending.secrets, **secrets}
     runner = await app.place_session()
@@ -94,7 +96,7 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
             raise HttpError(400, "Session already exists") from None
         raise
     live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, secrets=secret_values(secrets),
-                       runner=runner)
+                       runner=runner, adopted_at=time.monotonic() if app.executor.shared else None)
     app.sessions[sid] = live
     try:
         await app.executor.start(SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,
@@ -106,6 +108,7 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
         await app.limits.release_session(caller.team_id, sid)
         await app.store.session_discard(pk)
         raise HttpError(503, "No runner could take the session; retry shortly.", {"Retry-After": "2"}) from None
+    app.pending.pop(sid, None)
     app.spawn(_record_setup(app, live))
     return {"sid": sid}
 

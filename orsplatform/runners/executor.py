@@ -52,7 +52,7 @@ class Executor(ABC):
         """Choose where a new session runs; the name is recorded on the session."""
         return "inline"
 
-    def attach(self, sid: str, runner: str) -> None:
+    def attach(self, sid: str, runner: str) -> None:  # noqa: B027 - a no-op unless sessions are shared
         """Tell this gateway where an existing session runs (one created by another gateway)."""
 
     @abstractmethod

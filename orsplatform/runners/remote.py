@@ -53,7 +53,7 @@ class CeleryExecutor(Executor):
                                 broker_connection_retry_on_startup=True)
         self._sender = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ors-send")
         self._runners: dict[str, str] = {}  # sid -> runner hostname
-        self._wakeups: dict[str, asyncio.Event] = {}  # sid or task_id -> event
+        self._wakeups: dict[str, set[asyncio.Event]] = {}  # sid or task_id -> its waiters' events
         self._replies: dict[str, asyncio.Future] = {}
         self._runner_cache: tuple[float, list[tuple[str, int]]] = (0.0, [])
         self._listener: asyncio.Task | None = None
@@ -92,9 +92,20 @@ class CeleryExecutor(Executor):
             if future is not None and not future.done():
                 future.set_result(message)
         else:
-            event = self._wakeups.get(message.get("task_id") or message.get("sid") or "")
-            if event is not None:
+            for event in self._wakeups.get(message.get("task_id") or message.get("sid") or "", ()):
                 event.set()
+
+    def _watch(self, key: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._wakeups.setdefault(key, set()).add(event)
+        return event
+
+    def _unwatch(self, key: str, event: asyncio.Event) -> None:
+        waiters = self._wakeups.get(key)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                self._wakeups.pop(key, None)
 
     async def _send(self, task: str, runner: str, *args: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -158,7 +169,7 @@ class CeleryExecutor(Executor):
         runner = self._runner_of(sid)
         await self._ensure_listener()
         deadline = time.monotonic() + timeout
-        event = self._wakeups.setdefault(sid, asyncio.Event())
+        event = self._watch(sid)
         try:
             while True:
                 state = await self._state(sid)
@@ -175,11 +186,11 @@ class CeleryExecutor(Executor):
                     raise SetupPending(sid)
                 event.clear()
                 try:
-                    await asyncio.wait_for(event.wait(), min(remaining, 0.5))
+                    await asyncio.wait_for(event.wait(), min(remaining, settings.ORS_RUNNER_POLL_SECONDS))
                 except TimeoutError:
                     pass
         finally:
-            self._wakeups.pop(sid, None)
+            self._unwatch(sid, event)
 
     async def _request(self, task: str, sid: str) -> Any:
         runner = self._runner_of(sid)
@@ -217,12 +228,12 @@ class CeleryExecutor(Executor):
         runner = self._runner_of(sid)
         await self._ensure_listener()
         task_id = task_id or uuid.uuid4().hex
-        event = self._wakeups.setdefault(task_id, asyncio.Event())
+        event = self._watch(task_id)
         try:
             await self._send("ors.runner.call", runner, sid, task_id, name, input, timeout, self.gateway)
             return await self._await_result(task_id, runner, timeout, event)
         finally:
-            self._wakeups.pop(task_id, None)
+            self._unwatch(task_id, event)
 
     async def result(self, task_id: str) -> dict | None:
         """A finished call's result as the runner left it (None while it runs)."""
@@ -231,11 +242,11 @@ class CeleryExecutor(Executor):
 
     async def wait_result(self, task_id: str, runner: str, timeout: float) -> CallOutcome:
         """Wait for a call started elsewhere (a reconnect on another gateway)."""
-        event = self._wakeups.setdefault(task_id, asyncio.Event())
+        event = self._watch(task_id)
         try:
             return await self._await_result(task_id, runner, timeout, event)
         finally:
-            self._wakeups.pop(task_id, None)
+            self._unwatch(task_id, event)
 
     async def _await_result(self, task_id: str, runner: str, timeout: float, event: asyncio.Event) -> CallOutcome:
         # The runner enforces the tool timeout; past it plus a grace period the runner is not answering.

@@ -30,14 +30,28 @@ def server(servers) -> ServerProcess:
 
 
 @pytest.fixture(params=["daphne", "uvicorn"])
-def any_server(request, live_db, tmp_path) -> ServerProcess:
-    """The same test against daphne and against uvicorn."""
-    proc = start_server(tmp_path, server=request.param)
+def any_servers(request, live_db, tmp_path):
+    """Like ``servers``, once with daphne and once with uvicorn."""
+    started: list[ServerProcess] = []
+
+    def factory(**env: str) -> ServerProcess:
+        proc = start_server(tmp_path, server=request.param, **env)
+        started.append(proc)
+        return proc
+
     try:
-        yield proc
+        yield factory
     finally:
-        proc.stop()
-    assert_log_clean(proc.log())
+        for proc in started:
+            proc.stop()
+    for proc in started:
+        assert_log_clean(proc.log())
+
+
+@pytest.fixture
+def any_server(any_servers) -> ServerProcess:
+    """A server with default settings, once daphne and once uvicorn."""
+    return any_servers()
 
 
 @pytest.fixture

@@ -18,8 +18,10 @@ __all__ = ["SOLUTIONS", "parse_sse", "sse_result", "wait_for", "raw_episode", "r
 T = TypeVar("T")
 
 # Substrings that must never appear in a server's log: unhandled exceptions in platform code, and
-# the daphne/twisted zope.interface clash that breaks ors.Environment.list_tools() in-process.
-LOG_PROBLEMS = ("Traceback", "__provides__", "unhandled error", "reaper pass failed", "could not record tool call")
+# the daphne/twisted zope.interface clash that breaks ors.Environment.list_tools() in-process, and
+# database errors (e.g. SQLite lock timeouts) that made a request answer 503.
+LOG_PROBLEMS = ("Traceback", "__provides__", "unhandled error", "reaper pass failed", "could not record tool call",
+                "database unavailable")
 
 
 def wait_for(condition: Callable[[], T], *, timeout: float = 10.0, what: str = "condition") -> T:

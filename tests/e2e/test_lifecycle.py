@@ -5,11 +5,11 @@ from __future__ import annotations
 import httpx
 
 from orsplatform.episodes.models import Session
-from tests.e2e.helpers import raw_call, raw_episode, sse_result, wait_for
+from tests.e2e.helpers import parse_sse, raw_call, raw_episode, sse_result, wait_for
 
 
-def test_an_idle_session_expires_and_then_answers_404_expired(servers, owner):
-    server = servers(ORS_IDLE_TIMEOUT_SECONDS="1", ORS_REAPER_INTERVAL_SECONDS="0.2")
+def test_an_idle_session_expires_and_then_answers_404_expired(any_servers, owner):
+    server = any_servers(ORS_IDLE_TIMEOUT_SECONDS="1", ORS_REAPER_INTERVAL_SECONDS="0.2")
     with httpx.Client(base_url=server.url, timeout=30) as http:
         sid = raw_episode(http, owner.headers, "math", split="test", index=0)
         # No request touches the session from here on: a ping would count as activity.
@@ -70,6 +70,16 @@ def test_another_teams_key_sees_no_session_and_an_anonymous_caller_is_refused(se
         bad_key = {"X-API-Key": "ors_00000000_" + "0" * 32}
         for name, r in requests(bad_key).items():
             assert r.status_code == 401, (name, r.status_code, r.text)
+
+        r = http.post("/create_session", headers={"Accept": "text/event-stream"})
+        assert r.status_code == 401 and "detail" in r.json()
+
+        # A task_id of the owner's session does not open its result to another team's session.
+        task_id = parse_sse(raw_call(http, owner.headers, "math", sid,
+                                     {"name": "no_such_tool", "input": {}}).text)[0][1]
+        theirs = raw_episode(http, outsider.headers, "math", split="test", index=4)
+        r = raw_call(http, outsider.headers, "math", theirs, {"task_id": task_id})
+        assert parse_sse(r.text) == [("error", "unknown task_id")]
 
         # /delete_session of an id the caller does not own is a no-op, as for any throwaway id.
         r = http.post("/delete_session", headers={**outsider.headers, "X-Session-ID": sid})

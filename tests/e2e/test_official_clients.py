@@ -14,7 +14,9 @@ from openreward import OpenReward
 from openreward.api.environments import ToolCallError as OpenRewardToolCallError
 from ors.client import ORS, ImageBlock, TextBlock, ToolCallError
 
+from orsplatform.catalog.models import Environment
 from orsplatform.episodes.models import Session, ToolCall
+from orsplatform.teams.services import api_key_create
 from tests.e2e.helpers import SOLUTIONS
 
 # --- ors.client: discovery -------------------------------------------------------------------------
@@ -104,6 +106,22 @@ def test_an_ors_client_episode_from_split_and_index_plays_that_task(server, owne
     assert (row.split, row.task_index, row.task_spec) == ("train", 5, expected)
     assert row.status == Session.Status.DELETED
     assert row.total_reward == 0.0 and row.finished is True
+
+
+def test_an_ors_client_split_and_index_episode_goes_to_the_environment_its_key_is_bound_to(server, owner):
+    wordle = Environment.objects.get(team__slug="builtin", slug="wordle")
+    bound = api_key_create(team=owner.team, name="wordle-only", scopes=["sessions"], environment=wordle)
+    with ORS(base_url=server.url, api_key=bound.token) as client:
+        env = client.environment("wordle")
+        secret = env.get_task("test", 2).task_spec["secret_word"]
+        with env.session(split="test", index=2) as session:
+            sid = session.sid
+            assert "five-letter" in session.get_prompt()[0].text
+            out = session.call_tool("guess", {"word": secret})
+            assert out.reward == 1.0 and out.finished is True
+
+    row = Session.objects.get(sid=sid)
+    assert row.environment_id == wordle.id and row.task_spec["secret_word"] == secret
 
 
 def test_a_wordle_game_over_several_calls_pays_only_at_the_end(server, owner):

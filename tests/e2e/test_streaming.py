@@ -29,7 +29,8 @@ def read_task_id_then_hang_up(url: str, headers: dict, sid: str, body: dict) -> 
             return data[len("data: "):].strip()
 
 
-def test_a_client_that_disconnects_mid_call_loses_no_audit_row_and_can_reconnect(server, owner):
+def test_a_client_that_disconnects_mid_call_loses_no_audit_row_and_can_reconnect(any_server, owner):
+    server = any_server
     with httpx.Client(base_url=server.url, timeout=30) as http:
         sid = raw_episode(http, owner.headers, "code", task_spec=CODE_TASK)
         body = {"name": "run", "input": {"code": slow_solution("add", 2)}}
@@ -67,8 +68,8 @@ def test_a_client_that_disconnects_mid_call_loses_no_audit_row_and_can_reconnect
     assert session.calls == 1 and session.total_reward == 1.0
 
 
-def test_a_long_call_keeps_its_stream_alive_with_ping_comments(servers, owner):
-    server = servers(ORS_SSE_PING_SECONDS="0.5")
+def test_a_long_call_keeps_its_stream_alive_with_ping_comments(any_servers, owner):
+    server = any_servers(ORS_SSE_PING_SECONDS="0.5")
     with httpx.Client(base_url=server.url, timeout=30) as http:
         sid = raw_episode(http, owner.headers, "code", task_spec=CODE_TASK)
         r = raw_call(http, owner.headers, "code", sid, {"name": "run", "input": {"code": slow_solution("add", 2)}})

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from asgiref.sync import sync_to_async
 
-from tests.ors.support import PROBE, publish_probe_sync
+from tests.ors.support import PROBE, in_db, publish_probe_sync
 
 
 @pytest.fixture
 async def probe(owner, tmp_path) -> str:
     """Publishes the probe environment as a private environment of acme (the owner's team)."""
-    await sync_to_async(publish_probe_sync)(owner.team, tmp_path)
+    await in_db(publish_probe_sync, owner.team, tmp_path)
     return PROBE

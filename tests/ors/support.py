@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 PROBE_SLUG = "probe"
 PROBE = f"acme/{PROBE_SLUG}"
@@ -65,12 +66,18 @@ PROBE_ENV = textwrap.dedent('''
             return [{"id": f"{split}-{i}", "question": f"probe question {split} {i}"} for i in range(5)]
 
         async def setup(self):
+            if self.task_spec.get("setup_fail_reveal"):
+                raise RuntimeError(f"probe setup exploded with secrets {sorted(self._secrets.values())}")
             if self.task_spec.get("setup_fail"):
                 raise RuntimeError("probe setup exploded")
             if self.task_spec.get("setup_sleep"):
                 await asyncio.sleep(float(self.task_spec["setup_sleep"]))
 
         def get_prompt(self):
+            if self.task_spec.get("prompt_exit"):
+                import sys
+
+                sys.exit(5)
             return [TextBlock(text=str(self.task_spec.get("question", "probe")))]
 
         @tool
@@ -116,30 +123,122 @@ PROBE_ENV = textwrap.dedent('''
                               reward=0.0, finished=False)
 
         @tool
+        def mangled(self) -> ToolOutput:
+            """Returns text that is not valid Unicode (a lone surrogate)."""
+            return ToolOutput(blocks=[TextBlock(text="broken " + chr(0xD800) + " text")], reward=0.0,
+                              finished=False)
+
+        @tool
+        def leave(self) -> ToolOutput:
+            """Tool code that calls sys.exit()."""
+            import sys
+
+            sys.exit(3)
+
+        @tool
+        async def leave_async(self) -> ToolOutput:
+            """Async tool code that raises SystemExit."""
+            raise SystemExit(4)
+
+        @tool
+        def reveal(self) -> ToolOutput:
+            """Tool code that echoes its secrets' values (environments should not, but may)."""
+            values = sorted(self._secrets.values())
+            return ToolOutput(blocks=[TextBlock(text=f"secrets: {values}")], metadata={"values": values},
+                              reward=0.0, finished=False)
+
+        @tool
+        def reveal_raise(self) -> ToolOutput:
+            """Tool code that raises with its secrets' values in the message."""
+            raise RuntimeError(f"failed with secrets {sorted(self._secrets.values())}")
+
+        @tool
         def finish(self) -> ToolOutput:
             """Ends the episode."""
             return ToolOutput(blocks=[TextBlock(text="done")], reward=1.0, finished=True)
 ''')
 
-PROBE_MANIFEST = textwrap.dedent(f'''
-    name = "{PROBE_SLUG}"
+PROBE_MANIFEST = textwrap.dedent('''
+    name = "{slug}"
     description = "Test-only probe environment."
     entrypoint = "env:Probe"
     visibility = "private"
-    tool_timeout_seconds = 30
+    tool_timeout_seconds = {timeout}
     required_secrets = []
 ''')
 
 
-def publish_probe_sync(team, tmp_path: Path) -> None:
+# What the first real publish of each probe variant produced in this test run: the database rows
+# minus their keys. Publishing runs the inspector in a subprocess (about a second); these tests are
+# about the ORS surface, so later tests get the same rows written directly (the package itself is
+# content-addressed on disk and shared).
+_published: dict[tuple[str, float], dict] = {}
+
+
+def _values(obj, skip: set[str]) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields if f.attname not in skip}
+
+
+def _snapshot(version) -> dict:
+    from orsplatform.catalog.models import Split, Task
+
+    env = version.environment
+    splits = list(Split.objects.filter(environment=env).order_by("id"))
+    return {
+        "environment": _values(env, {"id", "team_id", "slug", "visibility", "current_version_id", "created_at"}),
+        "version": _values(version, {"id", "environment_id", "created_by_id", "created_at"}),
+        "splits": [(_values(sp, {"id", "environment_id"}),
+                    [_values(t, {"id", "split_id"}) for t in Task.objects.filter(split=sp).order_by("index")])
+                   for sp in splits],
+    }
+
+
+def _restore(snapshot: dict, team, slug: str, visibility: str) -> None:
+    from django.db import transaction
+
+    from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
+
+    with transaction.atomic():
+        env = Environment.objects.create(team=team, slug=slug, visibility=visibility, **snapshot["environment"])
+        version = EnvironmentVersion.objects.create(environment=env, **snapshot["version"])
+        for split_values, tasks in snapshot["splits"]:
+            split = Split.objects.create(environment=env, **split_values)
+            Task.objects.bulk_create([Task(split=split, **t) for t in tasks])
+        env.current_version = version
+        env.save(update_fields=["current_version"])
+
+
+def publish_probe_sync(team, tmp_path: Path, *, slug: str = PROBE_SLUG, tool_timeout: float = 30,
+                       visibility: str = "private") -> str:
+    """Publish the probe package as an environment of ``team`` (private unless told); returns its
+    full name."""
     from orsplatform.catalog.services import environment_publish
 
-    src = tmp_path / "probe_pkg"
+    key = (slug, tool_timeout)
+    snapshot = _published.get(key)
+    if snapshot is not None and Path(snapshot["version"]["package_path"]).is_dir():
+        _restore(snapshot, team, slug, visibility)
+        return f"{team.slug}/{slug}"
+    src = tmp_path / f"{slug}_pkg"
     src.mkdir(parents=True, exist_ok=True)
     (src / "env.py").write_text(PROBE_ENV)
-    (src / "manifest.toml").write_text(PROBE_MANIFEST)
-    environment_publish(team=team, source_dir=src, visibility="private")
+    (src / "manifest.toml").write_text(PROBE_MANIFEST.format(slug=slug, timeout=tool_timeout))
+    result = environment_publish(team=team, source_dir=src, visibility=visibility)
+    _published[key] = _snapshot(result.version)
+    return f"{team.slug}/{slug}"
 
+
+async def in_db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run sync ORM code off the event loop, closing the worker thread's connection afterwards (an
+    open connection there would keep PostgreSQL from dropping the test database)."""
+
+    def run() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return await sync_to_async(run)()
 
 
 async def wait_for(predicate: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0,
@@ -177,15 +276,15 @@ def session_count(**filters: Any) -> int:
 
 
 async def arow(sid: str) -> dict | None:
-    return await sync_to_async(session_row)(sid)
+    return await in_db(session_row, sid)
 
 
 async def acalls(sid: str | None = None) -> list[dict]:
-    return await sync_to_async(tool_call_rows)(sid)
+    return await in_db(tool_call_rows, sid)
 
 
 async def acount(**filters: Any) -> int:
-    return await sync_to_async(session_count)(**filters)
+    return await in_db(session_count, **filters)
 
 
 def all_rows_dump() -> str:

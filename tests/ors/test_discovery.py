@@ -6,9 +6,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from asgiref.sync import sync_to_async
 
-from tests.ors.support import PROBE, publish_probe_sync
+from tests.fixtures.ors import start_episode
+from tests.ors.support import PROBE, in_db, publish_probe_sync
 
 BUILTINS = ["builtin/code", "builtin/math", "builtin/vision", "builtin/wordle"]
 MATH_TEST_SIZE = 1000
@@ -38,8 +38,8 @@ async def test_version_reports_the_platform_and_sdk_versions(client, owner):
 
 async def test_list_environments_shows_public_and_own_private_environments_as_team_slug(
         client, owner, member, outsider, tmp_path):
-    await sync_to_async(publish_probe_sync)(owner.team, tmp_path / "acme")
-    await sync_to_async(publish_probe_sync)(outsider.team, tmp_path / "globex")
+    await in_db(publish_probe_sync, owner.team, tmp_path / "acme")
+    await in_db(publish_probe_sync, outsider.team, tmp_path / "globex")
 
     r = await client.get("/list_environments", headers=owner.headers)
     assert r.status_code == 200
@@ -126,18 +126,22 @@ SLICES = [
 ]
 
 
-@pytest.mark.parametrize(("start", "stop"), SLICES, ids=[f"{a}:{b}" for a, b in SLICES])
-async def test_task_range_follows_python_slice_semantics(client, owner, start, stop):
-    body: dict = {"split": "test"}
-    if start is not None:
-        body["start"] = start
-    if stop is not None:
-        body["stop"] = stop
-    r = await client.post("/math/task_range", headers=owner.headers, json=body)
-    assert r.status_code == 200, r.text
-    expected = [f"test-{i}" for i in list(range(MATH_TEST_SIZE))[start:stop]]
-    assert [t["id"] for t in r.json()["tasks"]] == expected
-    assert r.json()["env_name"] == "math"
+async def test_task_range_follows_python_slice_semantics(client, owner):
+    problems = []
+    for start, stop in SLICES:
+        body: dict = {"split": "test"}
+        if start is not None:
+            body["start"] = start
+        if stop is not None:
+            body["stop"] = stop
+        r = await client.post("/math/task_range", headers=owner.headers, json=body)
+        expected = [f"test-{i}" for i in list(range(MATH_TEST_SIZE))[start:stop]]
+        if r.status_code != 200:
+            problems.append(f"[{start}:{stop}]: {r.status_code} {r.text}")
+        elif [t["id"] for t in r.json()["tasks"]] != expected or r.json()["env_name"] != "math":
+            got = [t["id"] for t in r.json()["tasks"]]
+            problems.append(f"[{start}:{stop}]: {len(got)} tasks {got[:2]}..., want {len(expected)} {expected[:2]}...")
+    assert not problems, "\n".join(problems)
 
 
 async def test_task_range_treats_explicit_nulls_as_defaults(client, owner):
@@ -161,15 +165,15 @@ async def test_an_environment_can_be_addressed_by_slug_team_slug_and_version(cli
     assert task.json()["env_name"] == prefix.lstrip("/")
 
 
-@pytest.mark.parametrize("prefix", ["/builtin/math@99", "/builtin/math@0", "/nosuchenv", "/builtin/nosuchenv",
-                                    "/nosuchteam/math", "/builtin/math@x", "/builtin/math@"])
-async def test_an_unknown_environment_or_version_answers_404(client, owner, prefix):
-    for method, op, body in [("GET", "tools", None), ("GET", "splits", None), ("POST", "tasks", {"split": "test"}),
-                             ("POST", "num_tasks", {"split": "test"}),
-                             ("POST", "task", {"split": "test", "index": 0}),
-                             ("POST", "task_range", {"split": "test"})]:
-        r = await client.request(method, f"{prefix}/{op}", headers=owner.headers, json=body)
-        assert_detail(r, 404)
+async def test_an_unknown_environment_or_version_answers_404(client, owner):
+    for prefix in ["/builtin/math@99", "/builtin/math@0", "/nosuchenv", "/builtin/nosuchenv", "/nosuchteam/math",
+                   "/builtin/math@x", "/builtin/math@"]:
+        for method, op, body in [("GET", "tools", None), ("GET", "splits", None),
+                                 ("POST", "tasks", {"split": "test"}), ("POST", "num_tasks", {"split": "test"}),
+                                 ("POST", "task", {"split": "test", "index": 0}),
+                                 ("POST", "task_range", {"split": "test"})]:
+            r = await client.request(method, f"{prefix}/{op}", headers=owner.headers, json=body)
+            assert_detail(r, 404)
 
 
 async def test_x_deployment_names_the_environment_on_bare_paths(client, owner):
@@ -241,11 +245,11 @@ async def test_discovery_calls_carrying_a_session_id_still_work(client, owner):
         assert r.status_code == 200
 
 
-@pytest.mark.parametrize("split", ["nosuch", "", "TRAIN", "train ", "validation"])
-async def test_an_invalid_split_answers_400(client, owner, split):
-    for op, body in [("tasks", {}), ("num_tasks", {}), ("task", {"index": 0}), ("task_range", {})]:
-        r = await client.post(f"/math/{op}", headers=owner.headers, json={"split": split, **body})
-        assert_detail(r, 400)
+async def test_an_invalid_split_answers_400(client, owner):
+    for split in ["nosuch", "", "TRAIN", "train ", "validation"]:
+        for op, body in [("tasks", {}), ("num_tasks", {}), ("task", {"index": 0}), ("task_range", {})]:
+            r = await client.post(f"/math/{op}", headers=owner.headers, json={"split": split, **body})
+            assert_detail(r, 400)
 
 
 async def test_a_missing_split_answers_400(client, owner):
@@ -254,10 +258,10 @@ async def test_a_missing_split_answers_400(client, owner):
         assert_detail(r, 400)
 
 
-@pytest.mark.parametrize("index", [MATH_TEST_SIZE, MATH_TEST_SIZE + 1, 10**9, -1, -MATH_TEST_SIZE, -10**9])
-async def test_an_out_of_range_or_negative_index_answers_400(client, owner, index):
-    r = await client.post("/math/task", headers=owner.headers, json={"split": "test", "index": index})
-    assert_detail(r, 400)
+async def test_an_out_of_range_or_negative_index_answers_400(client, owner):
+    for index in [MATH_TEST_SIZE, MATH_TEST_SIZE + 1, 10**9, -1, -MATH_TEST_SIZE, -10**9]:
+        r = await client.post("/math/task", headers=owner.headers, json={"split": "test", "index": index})
+        assert_detail(r, 400)
 
 
 async def test_the_last_index_of_a_split_is_valid(client, owner):
@@ -293,7 +297,7 @@ async def test_another_teams_private_environment_is_indistinguishable_from_a_mis
 
     before = await answers(outsider)
     assert all(status == 404 for status, _, _ in before.values())
-    await sync_to_async(publish_probe_sync)(owner.team, tmp_path)
+    await in_db(publish_probe_sync, owner.team, tmp_path)
 
     # The owner's team sees it now...
     for prefix in (f"/{PROBE}", "/probe"):
@@ -311,3 +315,30 @@ async def test_another_teams_private_environment_is_indistinguishable_from_a_mis
     hidden = await client.get(f"/{PROBE}/tools", headers=outsider.headers)
     assert missing.status_code == hidden.status_code == 404
     assert missing.json()["detail"].replace("acme/nosuchenv", "X") == hidden.json()["detail"].replace(PROBE, "X")
+
+
+async def test_a_bare_slug_prefers_the_callers_own_environment_over_public_ones(client, owner, outsider, tmp_path):
+    from orsplatform.teams.services import team_create
+
+    def publish_public_probes() -> None:
+        publish_probe_sync(outsider.team, tmp_path / "globex", visibility="public")
+        for slug in ("initech", "umbrella", "hooli"):
+            publish_probe_sync(team_create(slug=slug, name=slug), tmp_path / slug, visibility="public")
+
+    await in_db(publish_public_probes)
+    await in_db(publish_probe_sync, owner.team, tmp_path / "acme")  # the owner's own, published last
+    r = await client.get("/list_environments", headers=owner.headers)
+    assert {"acme/probe", "globex/probe", "hooli/probe", "initech/probe", "umbrella/probe"} <= set(r.json())
+
+    # Several public environments share the slug, so only the caller's own one is unambiguous.
+    r = await client.post("/probe/task", headers=owner.headers, json={"split": "train", "index": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["env_name"] == "probe"
+    sid = await start_episode(client, owner.headers, env="probe", split="train", index=0)
+    r = await client.get("/version", headers={**owner.headers, "X-Session-ID": sid})
+    assert r.json()["environment"] == "acme/probe@1"
+    # globex's own (public) probe for globex; for a caller with none of its own the slug is ambiguous.
+    r = await client.post("/probe/task", headers=outsider.headers, json={"split": "train", "index": 0})
+    assert r.status_code == 200, r.text
+    r = await client.get("/probe/tools")
+    assert r.status_code == 404

@@ -5,7 +5,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from orsplatform.catalog.services import PublishError, environment_publish
+from orsplatform.catalog.services import PublishError, environment_publish_path
 from orsplatform.teams.services import team_get_or_create_builtin
 
 
@@ -26,7 +26,7 @@ class Command(BaseCommand):
             raise CommandError(f"No environment folders with a manifest.toml under {root}.")
         for folder in folders:
             try:
-                result = environment_publish(team=team, source_dir=folder)
+                result = environment_publish_path(team=team, path=folder)
             except PublishError as exc:
                 raise CommandError(f"{folder.name}: {exc.check}: {exc}\n{exc.traceback}") from exc
             version = result.version

@@ -1,0 +1,267 @@
+"""Parse and validate the query parameters of the analytics pages, API and exports.
+
+Everything that reaches a selector has been checked here: dates parse and are in order, numbers are
+finite and in range, ids name things the caller's team may see. Problems raise a ValidationError
+whose messages are shown on the page (or returned as a 400 by the API), never a 500.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+
+from django.core.exceptions import ValidationError
+from django.db.models import Q
+from django.utils import timezone
+
+from orsplatform.catalog.models import Environment, EnvironmentVersion
+from orsplatform.episodes.models import Session
+from orsplatform.teams.models import ApiKey, Team
+
+RANGES: dict[str, timedelta | None] = {
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+    "90d": timedelta(days=90),
+    "365d": timedelta(days=365),
+    "all": None,
+}
+RANGE_LABELS = {"24h": "24 hours", "7d": "7 days", "30d": "30 days", "90d": "90 days", "365d": "1 year",
+                "all": "All time"}
+DEFAULT_RANGE = "30d"
+MAX_PAGE = 10_000
+MAX_PARAM_LENGTH = 200
+# Dates outside these years are typos or probes; refusing them also keeps date arithmetic away
+# from datetime's year-1 and year-9999 overflow.
+MIN_YEAR, MAX_YEAR = 1970, 2999
+WINDOW_PARAMS = ("range", "start", "end")
+SESSION_PARAMS = ("environment", "version", "api_key", "status", "reward_min", "reward_max")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A half-open time range [start, end) in UTC; start None means from the first session on."""
+
+    start: datetime | None
+    end: datetime
+    preset: str | None  # the quick range chosen, None for custom dates
+
+    def query(self) -> dict[str, str]:
+        if self.preset is not None:
+            return {"range": self.preset}
+        out = {"end": self.end.isoformat(timespec="seconds").replace("+00:00", "Z")}
+        if self.start is not None:
+            out["start"] = self.start.isoformat(timespec="seconds").replace("+00:00", "Z")
+        return out
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"start": self.start.isoformat() if self.start else None, "end": self.end.isoformat(),
+                "range": self.preset}
+
+    @property
+    def label(self) -> str:
+        if self.preset == "all":
+            return "all time"
+        if self.preset is not None:
+            return f"the last {RANGE_LABELS[self.preset]} up to now"
+        start = self.start.strftime("%Y-%m-%d %H:%M") if self.start else "the beginning"
+        return f"{start} to {self.end.strftime('%Y-%m-%d %H:%M')}"
+
+
+@dataclass(frozen=True)
+class SessionFilters:
+    window: Window
+    environment: Environment | None = None
+    version: EnvironmentVersion | None = None
+    api_key: ApiKey | None = None
+    status: str | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    raw: dict[str, str] = field(default_factory=dict)  # the accepted parameters, for links
+
+    def query(self) -> dict[str, str]:
+        return {**self.window.query(), **self.raw}
+
+    def apply(self, qs):
+        """Narrow a Session queryset (already scoped to the team) to these filters."""
+        if self.window.start is not None:
+            qs = qs.filter(created_at__gte=self.window.start)
+        qs = qs.filter(created_at__lt=self.window.end)
+        if self.environment is not None:
+            qs = qs.filter(environment=self.environment)
+        if self.version is not None:
+            qs = qs.filter(version=self.version)
+        if self.api_key is not None:
+            qs = qs.filter(api_key=self.api_key)
+        if self.status:
+            qs = qs.filter(status=self.status)
+        if self.reward_min is not None:
+            qs = qs.filter(total_reward__gte=self.reward_min)
+        if self.reward_max is not None:
+            qs = qs.filter(total_reward__lte=self.reward_max)
+        return qs
+
+
+def _get(params: Mapping[str, str], name: str, errors: list[str]) -> str:
+    value = params.get(name) or ""
+    if not isinstance(value, str):
+        value = str(value)
+    value = value.strip()
+    if len(value) > MAX_PARAM_LENGTH:
+        errors.append(f"The {name} parameter is too long (at most {MAX_PARAM_LENGTH} characters).")
+        return ""
+    if "\x00" in value:
+        errors.append(f"The {name} parameter contains a NUL character.")
+        return ""
+    return value
+
+
+def _parse_moment(raw: str, name: str, *, end: bool, errors: list[str]) -> datetime | None:
+    """A date (YYYY-MM-DD) or an ISO 8601 date-time; naive values are UTC. A bare end date
+    includes that whole day."""
+    try:
+        if len(raw) == 10:
+            day = date.fromisoformat(raw)
+            if not MIN_YEAR <= day.year <= MAX_YEAR:
+                raise ValueError
+            moment = datetime.combine(day, time.min, tzinfo=UTC)
+            return moment + timedelta(days=1) if end else moment
+        moment = datetime.fromisoformat(raw.replace(" ", "T", 1) if "T" not in raw else raw)
+        if not MIN_YEAR <= moment.year <= MAX_YEAR:
+            raise ValueError
+    except (ValueError, OverflowError):
+        errors.append(
+            f"The {name} date {raw!r} is not a valid date: use YYYY-MM-DD or YYYY-MM-DDTHH:MM "
+            f"(UTC), with a year between {MIN_YEAR} and {MAX_YEAR}."
+        )
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def parse_window(params: Mapping[str, str], *, now: datetime | None = None) -> Window:
+    errors: list[str] = []
+    now = now or timezone.now()
+    preset = _get(params, "range", errors)
+    raw_start = _get(params, "start", errors)
+    raw_end = _get(params, "end", errors)
+    if preset and preset not in RANGES:
+        errors.append(f"Unknown time range {preset!r}: choose one of {', '.join(RANGES)}.")
+    start = _parse_moment(raw_start, "start", end=False, errors=errors) if raw_start else None
+    end = _parse_moment(raw_end, "end", end=True, errors=errors) if raw_end else None
+    if errors:
+        raise ValidationError(errors)
+    if raw_start or raw_end:
+        # Explicit dates win over a quick range; an open end means "until now".
+        end = end or now
+        if start is not None and start >= end:
+            raise ValidationError(
+                f"The start ({start:%Y-%m-%d %H:%M}) must be before the end ({end:%Y-%m-%d %H:%M}) of the time range.")
+        return Window(start=start, end=end, preset=None)
+    preset = preset or DEFAULT_RANGE
+    span = RANGES[preset]
+    return Window(start=now - span if span is not None else None, end=now, preset=preset)
+
+
+def _parse_float(raw: str, name: str, errors: list[str]) -> float | None:
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        errors.append(f"The {name} {raw!r} is not a number.")
+        return None
+    if not math.isfinite(value):
+        errors.append(f"The {name} must be a finite number.")
+        return None
+    return value
+
+
+def environment_visible_to(*, team: Team, full_name: str) -> Environment | None:
+    """An environment the team may report on: its own, a public one, or one its sessions ran on.
+    Another team's private environment is indistinguishable from a missing one."""
+    team_slug, sep, slug = full_name.partition("/")
+    if not sep or not team_slug or not slug or "/" in slug:
+        return None
+    env = Environment.objects.select_related("team").filter(team__slug=team_slug, slug=slug).first()
+    if env is None:
+        return None
+    if env.team_id == team.id or env.visibility == Environment.Visibility.PUBLIC:
+        return env
+    if Session.objects.filter(team=team, environment=env).exists():
+        return env
+    return None
+
+
+def parse_version(raw: str, *, environment: Environment | None, errors: list[str]) -> EnvironmentVersion | None:
+    if not raw:
+        return None
+    if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
+        errors.append(f"The version {raw!r} is not a version number (1, 2, …).")
+        return None
+    if environment is None:
+        errors.append("Choose an environment to filter by version.")
+        return None
+    version = EnvironmentVersion.objects.filter(environment=environment, number=int(raw)).first()
+    if version is None:
+        errors.append(f"The environment {environment.full_name} has no version {int(raw)}.")
+    return version
+
+
+def parse_session_filters(params: Mapping[str, str], *, team: Team, now: datetime | None = None) -> SessionFilters:
+    errors: list[str] = []
+    try:
+        window = parse_window(params, now=now)
+    except ValidationError as exc:
+        errors.extend(exc.messages)
+        window = None
+    raw = {name: _get(params, name, errors) for name in SESSION_PARAMS}
+    environment = None
+    if raw["environment"]:
+        environment = environment_visible_to(team=team, full_name=raw["environment"])
+        if environment is None:
+            errors.append(f"Unknown environment {raw['environment']!r}: use team/slug of an environment your team can see.")
+    version = parse_version(raw["version"], environment=environment, errors=errors) if (
+        environment is not None or not raw["environment"]) else None
+    api_key = None
+    if raw["api_key"]:
+        api_key = ApiKey.objects.filter(team=team, prefix=raw["api_key"]).first()
+        if api_key is None:
+            errors.append(f"Unknown API key {raw['api_key']!r}: give the prefix of one of your team's keys.")
+    status = raw["status"] or None
+    if status and status not in Session.Status.values:
+        errors.append(f"Unknown status {status!r}: choose one of {', '.join(Session.Status.values)}.")
+    reward_min = _parse_float(raw["reward_min"], "minimum reward", errors)
+    reward_max = _parse_float(raw["reward_max"], "maximum reward", errors)
+    if reward_min is not None and reward_max is not None and reward_min > reward_max:
+        errors.append(f"The minimum reward ({reward_min:g}) is above the maximum reward ({reward_max:g}).")
+    if errors:
+        raise ValidationError(errors)
+    return SessionFilters(
+        window=window, environment=environment, version=version, api_key=api_key, status=status,
+        reward_min=reward_min, reward_max=reward_max, raw={k: v for k, v in raw.items() if v},
+    )
+
+
+def parse_page(params: Mapping[str, str]) -> int:
+    raw = (params.get("page") or "1").strip()
+    if not re.fullmatch(r"[0-9]{1,9}", raw):
+        raise ValidationError(f"The page {raw[:40]!r} is not a page number (1, 2, …).")
+    page = int(raw)
+    if not 1 <= page <= MAX_PAGE:
+        raise ValidationError(f"The page must be between 1 and {MAX_PAGE:,}; narrow the filters to see older sessions.")
+    return page
+
+
+def environment_q(environment: Environment | None, version: EnvironmentVersion | None) -> Q:
+    """Filter for rollup rows of one environment (and version)."""
+    q = Q()
+    if environment is not None:
+        q &= Q(environment=environment)
+    if version is not None:
+        q &= Q(version=version)
+    return q

@@ -1,0 +1,470 @@
+"""Reads of the analytics app. Every function takes the caller's team, and every query starts from
+it, so no page, API endpoint or export can reach another team's sessions.
+
+Session-level numbers (sessions, rewards, pass rates, episode lengths) are aggregated in the database
+over the Session table, whose (team, created_at) and (environment, created_at) indexes bound the
+scan to the window. Tool-call numbers come from the hourly/daily rollups (models.py), never from
+the audit log itself, which is twenty times larger.
+
+Results are plain dicts and lists (datetimes left as datetimes) so the pages and the REST API
+serve the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db.models import Avg, Count, DateTimeField, F, FloatField, Max, Min, Q, QuerySet, Sum, Value
+from django.db.models.functions import Cast, Floor, Trunc
+from django.utils import timezone
+
+from orsplatform.analytics import latency
+from orsplatform.analytics.filters import SessionFilters, Window, environment_q
+from orsplatform.analytics.models import CallRollup, LatencyRollup, RollupCursor
+from orsplatform.analytics.services import CURSOR_NAME
+from orsplatform.catalog.models import Environment, EnvironmentVersion
+from orsplatform.episodes.models import Session, ToolCall
+from orsplatform.teams.models import ApiKey, Team
+
+ENDED = (Session.Status.DELETED, Session.Status.EXPIRED, Session.Status.LOST)
+OPEN = (Session.Status.CREATING, Session.Status.READY)
+TOP_ENVIRONMENTS = 10
+TASKS_LISTED = 10
+PER_PAGE = 50
+MAX_TRAJECTORY_CALLS = 500
+REWARD_BINS = 10
+
+
+def pass_reward() -> float:
+    """An episode passes when its total reward reaches this (ORS_ANALYTICS_PASS_REWARD, default 1)."""
+    return float(getattr(settings, "ORS_ANALYTICS_PASS_REWARD", 1.0))
+
+
+# --- time buckets -----------------------------------------------------------------------------------
+
+def granularity_for(start: datetime, end: datetime) -> str:
+    span = end - start
+    if span <= timedelta(days=3):
+        return "hour"
+    if span <= timedelta(days=400):
+        return "day"
+    return "week"
+
+
+def floor_to(moment: datetime, granularity: str) -> datetime:
+    moment = moment.astimezone(UTC)
+    if granularity == "hour":
+        return moment.replace(minute=0, second=0, microsecond=0)
+    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if granularity == "week":  # ISO weeks start on Monday, like the databases' week truncation
+        return day - timedelta(days=day.weekday())
+    return day
+
+
+def _step(granularity: str) -> timedelta:
+    return {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(days=7)}[granularity]
+
+
+def periods(start: datetime, end: datetime, granularity: str) -> list[datetime]:
+    out, moment, step = [], floor_to(start, granularity), _step(granularity)
+    while moment < end:
+        out.append(moment)
+        moment += step
+    return out
+
+
+def _trunc(field: str, granularity: str) -> Trunc:
+    return Trunc(field, granularity, output_field=DateTimeField(), tzinfo=UTC)
+
+
+def _key(moment: datetime | None) -> datetime | None:
+    # SQLite hands truncated datetimes back naive or in another zone object; normalise for lookups.
+    if moment is None:
+        return None
+    if timezone.is_naive(moment):
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class Span:
+    start: datetime
+    end: datetime
+    granularity: str
+
+    @property
+    def periods(self) -> list[datetime]:
+        return periods(self.start, self.end, self.granularity)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "granularity": self.granularity}
+
+
+def resolve_span(*, team: Team, window: Window) -> Span:
+    """The concrete range of a window; "all time" starts at the team's first session."""
+    start = window.start
+    if start is None:
+        first = Session.objects.filter(team=team).aggregate(m=Min("created_at"))["m"]
+        start = first or (window.end - timedelta(days=1))
+    return Span(start=start, end=window.end, granularity=granularity_for(start, window.end))
+
+
+def _ratio(part: int | None, whole: int | None) -> float | None:
+    return (part or 0) / whole if whole else None
+
+
+# --- rollup freshness ------------------------------------------------------------------------------
+
+def rollup_status() -> dict[str, Any]:
+    """How current the tool-call figures are: when the rollup last ran and how many calls wait."""
+    cursor = RollupCursor.objects.filter(name=CURSOR_NAME).values("last_id", "last_run_at").first()
+    last_id = cursor["last_id"] if cursor else 0
+    newest = ToolCall.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    return {"last_run_at": cursor["last_run_at"] if cursor else None, "pending_calls": max(0, newest - last_id)}
+
+
+# --- building blocks -------------------------------------------------------------------------------
+
+def _sessions(team: Team, span: Span) -> QuerySet[Session]:
+    return Session.objects.filter(team=team, created_at__gte=span.start, created_at__lt=span.end)
+
+
+def _call_rollups(team: Team, span: Span) -> QuerySet[CallRollup]:
+    # A rollup hour is counted when it starts inside the window (the window's first partial hour too).
+    return CallRollup.objects.filter(team=team, hour__gte=floor_to(span.start, "hour"), hour__lt=span.end)
+
+
+def _scored_q() -> Q:
+    return Q(status__in=ENDED, total_reward__isnull=False)
+
+
+def _session_aggregates() -> dict[str, Any]:
+    """Per group: sessions, ended and scored episodes, passes and the reward sum (means and rates
+    are derived after groups are added up, so they stay exact)."""
+    scored = _scored_q()
+    return {
+        "n": Count("id"),
+        "ended": Count("id", filter=Q(status__in=ENDED)),
+        "scored": Count("id", filter=scored),
+        "passed": Count("id", filter=scored & Q(total_reward__gte=pass_reward())),
+        "reward_sum": Sum("total_reward", filter=scored),
+    }
+
+
+class _Tally(dict):
+    """Adds up grouped rows; missing measures count as zero."""
+
+    def add(self, row: dict[str, Any], fields: tuple[str, ...]) -> None:
+        for f in fields:
+            self[f] = self.get(f, 0) + (row.get(f) or 0)
+
+    def summary(self) -> dict[str, Any]:
+        scored, calls = self.get("scored", 0), self.get("calls", 0)
+        return {
+            "sessions": self.get("n", 0), "scored_episodes": scored,
+            "mean_reward": self.get("reward_sum", 0) / scored if scored else None,
+            "success_rate": _ratio(self.get("passed", 0), scored),
+            "tool_calls": calls, "errors": self.get("errors", 0), "error_rate": _ratio(self.get("errors", 0), calls),
+        }
+
+
+SESSION_FIELDS = ("n", "ended", "scored", "passed", "reward_sum")
+CALL_FIELDS = ("calls", "errors")
+
+
+def _histogram(qs: QuerySet, field: str, *, count: int, lo: float | None, hi: float | None,
+               integer: bool = False) -> list[dict[str, Any]]:
+    """Equal-width bins over the field's values (count, lo and hi already known), counted in the
+    database. Rewards within [0, 1] get the fixed bins 0–0.1 … 0.9–1 so charts of different
+    environments compare; integers (episode lengths) get one bin per value up to 30."""
+    if not count or lo is None or hi is None:
+        return []
+    lo, hi = float(lo), float(hi)
+    if integer:
+        lo = 0.0
+        width = 1.0 if hi <= 30 else float(math.ceil((hi + 1) / 20))
+        bins = int(hi // width) + 1
+    elif lo >= 0 and hi <= 1:
+        lo, width, bins = 0.0, 1 / REWARD_BINS, REWARD_BINS
+    elif lo == hi:
+        return [{"lo": lo, "hi": hi, "count": count}]
+    else:
+        width, bins = (hi - lo) / REWARD_BINS, REWARD_BINS
+    # The epsilon keeps values that sit on an edge (0.3 / 0.1 = 2.9999999999999996) in the bin
+    # that the edge opens, as a reader of the axis expects.
+    index = Floor((Cast(F(field), FloatField()) - Value(lo)) / Value(width) + Value(1e-9))
+    counts = [0] * bins
+    for row in qs.annotate(bin=index).values("bin").annotate(c=Count("id")).order_by():
+        counts[min(bins - 1, max(0, int(row["bin"])))] += row["c"]
+    edge = (lambda i: lo + i * width) if not integer else (lambda i: int(lo + i * width))
+    return [{"lo": round(edge(i), 10), "hi": round(edge(i + 1), 10), "count": c} for i, c in enumerate(counts)]
+
+
+def _environment_names(ids: set[int]) -> dict[int, str]:
+    return {e.id: e.full_name for e in Environment.objects.filter(id__in=ids).select_related("team")}
+
+
+# --- overview --------------------------------------------------------------------------------------
+
+def overview(*, team: Team, window: Window) -> dict[str, Any]:
+    span = resolve_span(team=team, window=window)
+    gran = span.granularity
+    # Two passes in all: the window's sessions and its tool-call rollups, each grouped by time
+    # bucket, environment and API key; every table and chart is a sum over those groups.
+    session_rows = _sessions(team, span).annotate(t=_trunc("created_at", gran)).values(
+        "t", "environment_id", "api_key_id").annotate(**_session_aggregates()).order_by()
+    call_rows = _call_rollups(team, span).annotate(t=_trunc("hour", gran)).values(
+        "t", "environment_id", "api_key_ref").annotate(calls=Sum("calls"), errors=Sum("errors")).order_by()
+
+    total, by_t, by_env, by_key = _Tally(), defaultdict(_Tally), defaultdict(_Tally), defaultdict(_Tally)
+    for row in session_rows:
+        for tally in (total, by_t[_key(row["t"])], by_env[row["environment_id"]], by_key[row["api_key_id"] or 0]):
+            tally.add(row, SESSION_FIELDS)
+    for row in call_rows:
+        for tally in (total, by_t[_key(row["t"])], by_env[row["environment_id"]], by_key[row["api_key_ref"]]):
+            tally.add(row, CALL_FIELDS)
+
+    per_period = [{"t": moment, "sessions": by_t[moment].get("n", 0), "tool_calls": by_t[moment].get("calls", 0),
+                   "errors": by_t[moment].get("errors", 0)} for moment in span.periods]
+    totals = {**total.summary(), "open_now": Session.objects.filter(team=team, status__in=OPEN).count()}
+
+    top = sorted(by_env.items(), key=lambda kv: (-kv[1].get("n", 0), -kv[1].get("calls", 0), kv[0]))[:TOP_ENVIRONMENTS]
+    names = _environment_names({env_id for env_id, _ in top})
+    top_environments = [{"environment": names.get(env_id, "?"), **tally.summary()} for env_id, tally in top]
+
+    api_keys = []
+    for key in ApiKey.objects.filter(team=team).order_by("-created_at"):
+        tally = by_key.pop(key.id, _Tally())
+        api_keys.append({"name": key.name, "prefix": key.prefix, "revoked": key.revoked_at is not None,
+                         "last_used_at": key.last_used_at, **_key_usage(tally)})
+    leftover = _Tally()
+    for tally in by_key.values():  # sessions without a key, or of keys deleted since
+        leftover.add(tally, SESSION_FIELDS + CALL_FIELDS)
+    if leftover:
+        api_keys.append({"name": "(no key or deleted key)", "prefix": None, "revoked": True, "last_used_at": None,
+                         **_key_usage(leftover)})
+    api_keys.sort(key=lambda k: (-k["tool_calls"], -k["sessions"], k["name"]))
+
+    return {"window": window.as_dict(), "span": span.as_dict(), "totals": totals, "per_period": per_period,
+            "top_environments": top_environments, "api_keys": api_keys, "rollup": rollup_status()}
+
+
+def _key_usage(tally: _Tally) -> dict[str, int]:
+    return {"sessions": tally.get("n", 0), "tool_calls": tally.get("calls", 0), "errors": tally.get("errors", 0)}
+
+
+# --- one environment -------------------------------------------------------------------------------
+
+def environment_report(*, team: Team, environment: Environment, version: EnvironmentVersion | None,
+                       window: Window) -> dict[str, Any]:
+    span = resolve_span(team=team, window=window)
+    gran = span.granularity
+    target = environment_q(environment, version)
+    sessions = _sessions(team, span).filter(target)
+    ended = sessions.filter(status__in=ENDED)
+    scored = ended.filter(total_reward__isnull=False)
+    threshold = pass_reward()
+    passed_q = Q(total_reward__gte=threshold)
+    scored_q = _scored_q()
+
+    # One grouped pass for the time series, the totals and the histograms' ranges.
+    per_t = {_key(r["t"]): r for r in sessions.annotate(t=_trunc("created_at", gran)).values("t").annotate(
+        **_session_aggregates(), reward_min=Min("total_reward", filter=scored_q),
+        reward_max=Max("total_reward", filter=scored_q), calls_max=Max("calls", filter=Q(status__in=ENDED))).order_by()}
+    total = _Tally()
+    for row in per_t.values():
+        total.add(row, SESSION_FIELDS)
+    lows = [r["reward_min"] for r in per_t.values() if r["reward_min"] is not None]
+    highs = [r["reward_max"] for r in per_t.values() if r["reward_max"] is not None]
+    longest = max((r["calls_max"] for r in per_t.values() if r["calls_max"] is not None), default=None)
+    per_period = []
+    for moment in span.periods:
+        r = per_t.get(moment)
+        n = r["scored"] if r else 0
+        per_period.append({"t": moment, "episodes": n, "mean_reward": (r["reward_sum"] or 0) / n if n else None,
+                           "success_rate": _ratio(r["passed"], n) if n else None})
+
+    # Tool calls: counts from the hourly rollup, latency from the daily bucket counts.
+    tools = {r["name"]: r for r in _call_rollups(team, span).filter(target).values("name").annotate(
+        calls=Sum("calls"), errors=Sum("errors"), timed=Sum("timed_calls"), latency_sum=Sum("latency_ms_sum")).order_by()}
+    lat_gran = "day" if gran == "hour" else gran
+    lat = LatencyRollup.objects.filter(team=team, day__gte=floor_to(span.start, "day"), day__lt=span.end).filter(target)
+    lat_t = lat.values("day") if lat_gran == "day" else lat.annotate(day=_trunc("day", lat_gran)).values("day")
+    by_period: dict[datetime, dict[int, int]] = defaultdict(dict)
+    for row in lat_t.values("day", "bucket").annotate(n=Sum("count")).order_by():
+        by_period[floor_to(_key(row["day"]), lat_gran)][row["bucket"]] = row["n"]
+    by_tool: dict[str, dict[int, int]] = defaultdict(dict)
+    overall: dict[int, int] = {}
+    for row in lat.values("name", "bucket").annotate(n=Sum("count")).order_by():
+        by_tool[row["name"]][row["bucket"]] = row["n"]
+        overall[row["bucket"]] = overall.get(row["bucket"], 0) + row["n"]
+    latency_per_period = []
+    for moment in periods(span.start, span.end, lat_gran):
+        hist = by_period.get(moment, {})
+        latency_per_period.append({"t": moment, "calls": sum(hist.values()), **latency.percentiles(hist)})
+    tool_rows = []
+    for name, r in sorted(tools.items(), key=lambda kv: (-kv[1]["calls"], kv[0])):
+        tool_rows.append({
+            "name": name, "calls": r["calls"], "errors": r["errors"], "error_rate": _ratio(r["errors"], r["calls"]),
+            "mean_latency_ms": (r["latency_sum"] / r["timed"]) if r["timed"] else None,
+            **latency.percentiles(by_tool.get(name, {})),
+        })
+    total_calls = sum(r["calls"] for r in tools.values())
+    total_errors = sum(r["errors"] for r in tools.values())
+
+    splits = [
+        {"split": r["split"], "episodes": r["n"], "passed": r["passed"], "pass_rate": _ratio(r["passed"], r["n"]),
+         "mean_reward": r["mean"]}
+        for r in scored.values("split").annotate(n=Count("id"), passed=Count("id", filter=passed_q),
+                                                 mean=Avg("total_reward")).order_by("split")
+    ]
+    tasks = (scored.filter(task_index__isnull=False).values("split", "task_index")
+             .annotate(attempts=Count("id"), passed=Count("id", filter=passed_q), mean_reward=Avg("total_reward"))
+             .annotate(pass_rate=Cast(F("passed"), FloatField()) / Cast(F("attempts"), FloatField())))
+    # With few tasks the two lists split them (the harder half, the easier half) instead of both
+    # listing every task in opposite orders. The easiest order is the exact reverse of the hardest,
+    # so the two halves never share a task.
+    task_count = tasks.count()
+    order = ("pass_rate", "mean_reward", "-attempts", "split", "task_index")
+    hardest = list(tasks.order_by(*order)[:min(TASKS_LISTED, math.ceil(task_count / 2))])
+    easiest = list(tasks.order_by(*(o[1:] if o.startswith("-") else "-" + o for o in order))[
+        :min(TASKS_LISTED, task_count // 2)])
+
+    summary = total.summary()
+    return {
+        "environment": environment.full_name,
+        "version": version.number if version else None,
+        "versions": list(EnvironmentVersion.objects.filter(environment=environment).order_by("-number")
+                         .values_list("number", flat=True)),
+        "window": window.as_dict(), "span": span.as_dict(), "pass_reward": threshold,
+        "totals": {
+            "sessions": summary["sessions"], "ended_episodes": total.get("ended", 0),
+            "scored_episodes": summary["scored_episodes"], "mean_reward": summary["mean_reward"],
+            "success_rate": summary["success_rate"],
+            "tool_calls": total_calls, "errors": total_errors, "error_rate": _ratio(total_errors, total_calls),
+            "latency": latency.percentiles(overall),
+        },
+        "reward_histogram": _histogram(scored, "total_reward", count=total.get("scored", 0),
+                                       lo=min(lows, default=None), hi=max(highs, default=None)),
+        "episode_length_histogram": _histogram(ended, "calls", count=total.get("ended", 0), lo=0, hi=longest,
+                                               integer=True),
+        "per_period": per_period,
+        "latency_granularity": lat_gran,
+        "latency_per_period": latency_per_period,
+        "tools": tool_rows,
+        "splits": splits,
+        "tasks_scored": task_count,
+        "hardest_tasks": hardest,
+        "easiest_tasks": easiest,
+        "rollup": rollup_status(),
+    }
+
+
+def environment_for_report(*, team: Team, env_team: str, env_slug: str) -> Environment | None:
+    from orsplatform.analytics.filters import environment_visible_to
+
+    return environment_visible_to(team=team, full_name=f"{env_team}/{env_slug}")
+
+
+def environments_for_team(*, team: Team) -> list[Environment]:
+    """Environments to offer in filters: the team's own and those its sessions ran on."""
+    used = Session.objects.filter(team=team).values("environment_id").distinct().order_by()
+    return list(Environment.objects.filter(Q(team=team) | Q(id__in=used)).select_related("team")
+                .order_by("team__slug", "slug"))
+
+
+# --- session explorer ------------------------------------------------------------------------------
+
+def _open_totals(session_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Calls and reward of open sessions, whose Session row is only written when they end."""
+    if not session_ids:
+        return {}
+    return {r["session_id"]: r for r in ToolCall.objects.filter(session_id__in=session_ids).values("session_id")
+            .annotate(calls=Count("id"), total_reward=Sum("reward")).order_by()}
+
+
+def session_row(session: Session, live: dict[str, Any] | None = None) -> dict[str, Any]:
+    is_open = session.status in OPEN
+    end = session.ended_at or (timezone.now() if is_open else session.last_activity_at)
+    return {
+        "sid": session.sid,
+        "environment": session.environment.full_name,
+        "version": session.version.number,
+        "api_key": ({"name": session.api_key.name, "prefix": session.api_key.prefix} if session.api_key_id else None),
+        "status": session.status,
+        "split": session.split,
+        "task_index": session.task_index,
+        "created_at": session.created_at,
+        "ended_at": session.ended_at,
+        "duration_s": max(0.0, (end - session.created_at).total_seconds()) if end else None,
+        "calls": (live or {}).get("calls", 0) if is_open else session.calls,
+        "total_reward": (live or {}).get("total_reward") if is_open else session.total_reward,
+        "finished": session.finished,
+        "open": is_open,
+    }
+
+
+def sessions_page(*, team: Team, filters: SessionFilters, page: int, per_page: int = PER_PAGE) -> dict[str, Any]:
+    qs = filters.apply(Session.objects.filter(team=team))
+    total = qs.count()
+    pages = max(1, math.ceil(total / per_page))
+    if page > pages:
+        raise ValidationError(f"Page {page:,} is past the last page ({pages:,}) of these {total:,} sessions.")
+    rows = list(qs.select_related("environment__team", "version", "api_key").defer("task_spec", "prompt", "error")
+                .order_by("-created_at", "-id")[(page - 1) * per_page: page * per_page])
+    live = _open_totals([s.pk for s in rows if s.status in OPEN])
+    return {"total": total, "page": page, "pages": pages, "per_page": per_page,
+            "sessions": [session_row(s, live.get(s.pk)) for s in rows]}
+
+
+def _blocks(value: Any) -> list[dict[str, Any]]:
+    return [b for b in value if isinstance(b, dict)] if isinstance(value, list) else []
+
+
+def call_row(call: ToolCall, step: int) -> dict[str, Any]:
+    result = call.output if isinstance(call.output, dict) else {}
+    output = result.get("output") if isinstance(result.get("output"), dict) else {}
+    return {
+        "step": step,
+        "task_id": call.task_id,
+        "name": call.name,
+        "input": call.input,
+        "status": call.status,
+        "ok": bool(result.get("ok")),
+        "blocks": _blocks(output.get("blocks")),
+        "metadata": output.get("metadata"),
+        "reward": call.reward,
+        "finished": call.finished,
+        "error": call.error or (result.get("error") if not result.get("ok") else "") or "",
+        "reason": result.get("reason") if not result.get("ok") else None,
+        "started_at": call.started_at,
+        "finished_at": call.finished_at,
+        "latency_ms": ((call.finished_at - call.started_at).total_seconds() * 1000) if call.finished_at else None,
+    }
+
+
+def session_trajectory(*, team: Team, sid: str) -> dict[str, Any] | None:
+    """One session of the team with its prompt and calls; None for a missing or another team's sid."""
+    session = (Session.objects.filter(team=team, sid=sid).select_related("environment__team", "version", "api_key")
+               .first())
+    if session is None:
+        return None
+    calls = list(session.tool_calls.order_by("started_at", "id")[:MAX_TRAJECTORY_CALLS + 1])
+    total_calls = session.tool_calls.count() if len(calls) > MAX_TRAJECTORY_CALLS else len(calls)
+    calls = calls[:MAX_TRAJECTORY_CALLS]
+    live = _open_totals([session.pk]).get(session.pk) if session.status in OPEN else None
+    return {
+        **session_row(session, live),
+        "task_spec": session.task_spec,
+        "prompt": _blocks(session.prompt) if session.prompt is not None else None,
+        "error": session.error,
+        "total_calls": total_calls,
+        "calls_shown": len(calls),
+        "tool_calls": [call_row(c, i + 1) for i, c in enumerate(calls)],
+    }

@@ -1,0 +1,26 @@
+"""Celery tasks of the analytics app: thin adapters over services."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from orsplatform.analytics.services import tool_call_rollup_advance
+
+# The project's app, not shared_task: orsplatform/__init__.py does not load the Celery app, and a
+# shared task bound to Celery's default app would not see CELERY_TASK_ALWAYS_EAGER.
+from orsplatform.celery import app
+
+
+@app.task(name="analytics.rollup_tool_calls", ignore_result=True)
+def rollup_tool_calls(max_batches: int = 10, requeue: bool = True) -> int:
+    """Fold the audit log into the rollups in bounded batches (beat runs this every 30 s). A big
+    backlog (a fresh install, a rebuild) re-queues itself instead of holding a worker for minutes."""
+    folded = 0
+    for _ in range(max_batches):
+        progress = tool_call_rollup_advance()
+        folded += progress.folded
+        if progress.caught_up or progress.folded == 0:  # done, or another worker holds the cursor
+            return folded
+    if requeue:
+        transaction.on_commit(lambda: rollup_tool_calls.delay(max_batches=max_batches, requeue=True))
+    return folded

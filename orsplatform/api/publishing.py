@@ -1,0 +1,317 @@
+"""REST API v1, publishing: versions (upload, list, rollback), splits, tasks (upload, page) and ingest
+jobs. Thin adapters over catalog.services and catalog.selectors.
+
+Writes need a key with the ``publish`` scope and only ever touch the key's own team: a path naming
+another team answers 404, exactly like a missing environment, so nothing about it is revealed.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import Http404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotAuthenticated, PermissionDenied, ValidationError
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from orsplatform.api.auth import CatalogAccess, caller_of
+from orsplatform.catalog import selectors
+from orsplatform.catalog.ingest import IngestError
+from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split
+from orsplatform.catalog.packages import remove_quietly, save_upload
+from orsplatform.catalog.services import (
+    PublishError,
+    UploadTooLarge,
+    VersionNotFound,
+    environment_publish_path,
+    environment_rollback,
+    ingest_job_create,
+)
+from orsplatform.teams.auth import Caller
+from orsplatform.teams.models import Team
+
+# Room for the multipart envelope around the file when the body size is checked before parsing.
+MULTIPART_SLACK = 64 * 1024
+MAX_PAGE = 1000
+
+
+class PublishAccess(BasePermission):
+    """Publishing: a key with the publish scope (reads stay open like the rest of the catalog)."""
+
+    def has_permission(self, request, view) -> bool:
+        if request.method in ("GET", "HEAD", "OPTIONS"):
+            return CatalogAccess().has_permission(request, view)
+        caller = request.auth
+        if not isinstance(caller, Caller):
+            raise NotAuthenticated("An API key is required (X-API-Key or Authorization: Bearer).")
+        if not caller.can("publish"):
+            raise PermissionDenied("This API key lacks the 'publish' scope.")
+        return True
+
+
+class VersionSerializer(serializers.Serializer):
+    environment = serializers.CharField(source="environment.full_name")
+    number = serializers.IntegerField()
+    content_hash = serializers.CharField()
+    entrypoint = serializers.CharField()
+    status = serializers.CharField()
+    current = serializers.SerializerMethodField()
+    tools = serializers.JSONField()
+    splits = serializers.JSONField()
+    manifest = serializers.JSONField()
+    created_at = serializers.DateTimeField()
+
+    def get_current(self, version: EnvironmentVersion) -> bool:
+        return version.environment.current_version_id == version.id
+
+
+class PublishedSerializer(VersionSerializer):
+    created = serializers.BooleanField()
+    validation = serializers.JSONField()
+
+
+class PublishFailureSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    check = serializers.CharField()
+    traceback = serializers.CharField()
+
+
+class SplitSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    type = serializers.CharField()
+    num_tasks = serializers.IntegerField()
+    revision = serializers.IntegerField()
+
+
+class IngestJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    environment = serializers.CharField(source="environment.full_name")
+    split = serializers.CharField(source="split_name")
+    mode = serializers.CharField()
+    format = serializers.CharField()
+    file_name = serializers.CharField()
+    status = serializers.CharField()
+    rows_done = serializers.IntegerField()
+    bytes_done = serializers.IntegerField()
+    bytes_total = serializers.IntegerField()
+    percent = serializers.IntegerField()
+    num_tasks = serializers.IntegerField(allow_null=True)
+    error_report = serializers.JSONField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class RollbackSerializer(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1)
+
+
+class TaskPageQuery(serializers.Serializer):
+    offset = serializers.IntegerField(min_value=0, default=0)
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_PAGE, default=100)
+
+
+class TaskUploadQuery(serializers.Serializer):
+    mode = serializers.ChoiceField(choices=IngestJob.Mode.values, default=IngestJob.Mode.APPEND)
+    format = serializers.ChoiceField(choices=["jsonl", "csv", "parquet"], required=False)
+    type = serializers.ChoiceField(choices=Split.Type.values, required=False)
+
+
+def _visible_environment(request, team: str, slug: str) -> Environment:
+    environment = selectors.environment_get_visible(caller=caller_of(request), team_slug=team, slug=slug)
+    if environment is None:
+        raise Http404("Environment not found.")
+    return environment
+
+
+def _own_team(request, team: str) -> Caller:
+    caller = caller_of(request)
+    if caller.team_slug != team:
+        raise Http404("Environment not found.")
+    return caller
+
+
+def _own_environment(request, team: str, slug: str) -> Environment:
+    caller = _own_team(request, team)
+    environment = selectors.environment_of_team(team_id=caller.team_id, slug=slug)
+    if environment is None:
+        raise Http404("Environment not found.")
+    return environment
+
+
+def _too_large(request, limit: int) -> Response | None:
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > limit + MULTIPART_SLACK:
+        return Response({"detail": f"The upload is larger than the limit of {limit} bytes."},
+                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    return None
+
+
+def _upload(request, field: str):
+    upload = request.FILES.get(field)
+    if upload is None:
+        raise ValidationError(f"Send the file as the multipart field '{field}'.")
+    return upload
+
+
+PACKAGE_REQUEST = {"multipart/form-data": {"type": "object", "required": ["package"], "properties": {
+    "package": {"type": "string", "format": "binary", "description": ".zip, .tar.gz or a single .py"},
+    "visibility": {"type": "string", "enum": Environment.Visibility.values},
+}}}
+TASKS_REQUEST = {"multipart/form-data": {"type": "object", "required": ["file"], "properties": {
+    "file": {"type": "string", "format": "binary", "description": "tasks as .jsonl, .csv or .parquet"},
+}}}
+
+
+class VersionListView(APIView):
+    permission_classes = [PublishAccess]
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(responses=VersionSerializer(many=True))
+    def get(self, request, team: str, slug: str):
+        environment = _visible_environment(request, team, slug)
+        return Response(VersionSerializer(selectors.versions_of(environment=environment), many=True).data)
+
+    @extend_schema(request=PACKAGE_REQUEST,
+                   responses={201: PublishedSerializer, 200: PublishedSerializer, 400: PublishFailureSerializer})
+    def post(self, request, team: str, slug: str):
+        caller = _own_team(request, team)
+        limit = settings.ORS_MAX_PACKAGE_BYTES
+        refused = _too_large(request, limit)
+        if refused is not None:
+            return refused
+        upload = _upload(request, "package")
+        if upload.size > limit:
+            return Response({"detail": f"The package is {upload.size} bytes; the limit is {limit}."},
+                            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        visibility = request.data.get("visibility") or None
+        if visibility is not None and visibility not in Environment.Visibility.values:
+            raise ValidationError(f"Unknown visibility {visibility!r}: public or private.")
+        team_obj = Team.objects.get(id=caller.team_id)
+        path = save_upload(upload)
+        try:
+            result = environment_publish_path(team=team_obj, path=path, filename=upload.name, slug=slug,
+                                              visibility=visibility)
+        except PublishError as exc:
+            code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE if exc.check == "size" else status.HTTP_400_BAD_REQUEST
+            return Response({"detail": str(exc), "check": exc.check, "traceback": exc.traceback}, status=code)
+        finally:
+            remove_quietly(path)
+        data = dict(VersionSerializer(result.version).data)
+        data["created"] = result.created
+        data["validation"] = _validation_summary(result.report)
+        return Response(data, status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
+
+
+def _validation_summary(report: dict) -> dict:
+    if not report:
+        return {}
+    return {"entrypoint": report.get("entrypoint"), "tools": [t["name"] for t in report.get("tools", [])],
+            "splits": report.get("splits", []), "class_task_counts": report.get("task_counts", {}),
+            "prompt_checked": report.get("prompt_checked", False)}
+
+
+class VersionDetailView(APIView):
+    permission_classes = [CatalogAccess]
+
+    @extend_schema(responses=VersionSerializer)
+    def get(self, request, team: str, slug: str, number: int):
+        environment = _visible_environment(request, team, slug)
+        version = selectors.version_of(environment=environment, number=number)
+        if version is None:
+            raise Http404("Version not found.")
+        return Response(VersionSerializer(version).data)
+
+
+class RollbackView(APIView):
+    permission_classes = [PublishAccess]
+    parser_classes = [JSONParser, FormParser, MultiPartParser]
+
+    @extend_schema(request=RollbackSerializer, responses=VersionSerializer)
+    def post(self, request, team: str, slug: str):
+        environment = _own_environment(request, team, slug)
+        body = RollbackSerializer(data=request.data)
+        if not body.is_valid():
+            raise ValidationError(body.errors)
+        try:
+            version = environment_rollback(environment=environment, number=body.validated_data["version"])
+        except VersionNotFound as exc:
+            raise Http404(str(exc)) from exc
+        return Response(VersionSerializer(version).data)
+
+
+class SplitListView(APIView):
+    permission_classes = [CatalogAccess]
+
+    @extend_schema(responses=SplitSerializer(many=True))
+    def get(self, request, team: str, slug: str):
+        environment = _visible_environment(request, team, slug)
+        return Response(SplitSerializer(selectors.splits_of(environment=environment), many=True).data)
+
+
+class SplitTasksView(APIView):
+    permission_classes = [PublishAccess]
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(parameters=[TaskPageQuery])
+    def get(self, request, team: str, slug: str, split: str):
+        environment = _visible_environment(request, team, slug)
+        found = selectors.split_of(environment=environment, name=split)
+        if found is None:
+            raise Http404("Split not found.")
+        query = TaskPageQuery(data=request.query_params)
+        if not query.is_valid():
+            raise ValidationError(query.errors)
+        offset, limit = query.validated_data["offset"], query.validated_data["limit"]
+        return Response({
+            "split": found.name, "num_tasks": found.num_tasks, "offset": offset, "limit": limit,
+            "next": offset + limit if offset + limit < found.num_tasks else None,
+            "tasks": selectors.tasks_page(split=found, offset=offset, limit=limit),
+        })
+
+    @extend_schema(parameters=[TaskUploadQuery], request=TASKS_REQUEST,
+                   responses={202: IngestJobSerializer, 200: IngestJobSerializer})
+    def post(self, request, team: str, slug: str, split: str):
+        environment = _own_environment(request, team, slug)
+        refused = _too_large(request, settings.ORS_MAX_TASK_FILE_BYTES)
+        if refused is not None:
+            return refused
+        query = TaskUploadQuery(data={**request.query_params.dict(),
+                                      **{k: v for k, v in request.data.items() if k in ("mode", "format", "type")}})
+        if not query.is_valid():
+            raise ValidationError(query.errors)
+        upload = _upload(request, "file")
+        try:
+            job = ingest_job_create(environment=environment, split_name=split, mode=query.validated_data["mode"],
+                                    upload=upload, fmt=query.validated_data.get("format"),
+                                    split_type=query.validated_data.get("type"))
+        except UploadTooLarge as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        except IngestError as exc:
+            return Response(exc.report(), status=status.HTTP_400_BAD_REQUEST)
+        # Eager (no broker): the ingest already ran inside ingest_job_create's on_commit.
+        job = selectors.ingest_job_of_team(team_id=environment.team_id, job_id=job.id)
+        data = IngestJobSerializer(job).data
+        if job.status == IngestJob.Status.FAILED:
+            return Response({**job.error_report, "job": data}, status=status.HTTP_400_BAD_REQUEST)
+        code = status.HTTP_200_OK if job.status == IngestJob.Status.SUCCEEDED else status.HTTP_202_ACCEPTED
+        return Response(data, status=code)
+
+
+class IngestJobView(APIView):
+    @extend_schema(responses=IngestJobSerializer,
+                   parameters=[OpenApiParameter("job_id", int, OpenApiParameter.PATH)])
+    def get(self, request, job_id: int):
+        caller = request.auth
+        if not isinstance(caller, Caller):
+            raise NotAuthenticated("An API key is required (X-API-Key or Authorization: Bearer).")
+        job = selectors.ingest_job_of_team(team_id=caller.team_id, job_id=job_id)
+        if job is None:
+            raise Http404("Ingest job not found.")
+        return Response(IngestJobSerializer(job).data)

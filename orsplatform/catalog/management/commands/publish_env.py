@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from orsplatform.catalog.models import Environment
+from orsplatform.catalog.services import PublishError, environment_publish_path
+from orsplatform.teams.models import Team
+
+
+class Command(BaseCommand):
+    help = "Publish one environment package (a folder, .zip, .tar.gz or a single .py) into a team."
+
+    def add_arguments(self, parser):
+        parser.add_argument("path")
+        parser.add_argument("--team", required=True, help="The team's slug.")
+        parser.add_argument("--slug", default=None, help="Environment slug (default: manifest name, else the file name).")
+        parser.add_argument("--visibility", choices=Environment.Visibility.values, default=None)
+
+    def handle(self, *args, path: str, team: str, slug: str | None, visibility: str | None, **options):
+        team_obj = Team.objects.filter(slug=team).first()
+        if team_obj is None:
+            raise CommandError(f"No team '{team}'.")
+        source = Path(path)
+        if not source.exists():
+            raise CommandError(f"No such file or folder: {path}")
+        try:
+            result = environment_publish_path(team=team_obj, path=source, slug=slug, visibility=visibility)
+        except PublishError as exc:
+            report = f"validation failed ({exc.check}): {exc}"
+            raise CommandError(f"{report}\n{exc.traceback}".rstrip()) from exc
+        version = result.version
+        verb = "published" if result.created else "unchanged"
+        self.stdout.write(f"{verb} {version.environment.full_name}@{version.number}")

@@ -1,0 +1,14 @@
+"""Celery tasks of the catalog. Thin: they take ids and call a service."""
+
+from __future__ import annotations
+
+# The project's app, not shared_task: orsplatform/__init__.py does not load the Celery app, and a
+# shared task bound to Celery's default app would not see CELERY_TASK_ALWAYS_EAGER.
+from orsplatform.celery import app
+
+
+@app.task(name="catalog.ingest_tasks", acks_late=True)
+def ingest_tasks(job_id: int) -> None:
+    from orsplatform.catalog.services import ingest_job_run
+
+    ingest_job_run(job_id=job_id)

@@ -1,0 +1,195 @@
+"""Console pages for publishing: a team's environments and versions (rollback), package upload with the
+validation report, task upload, and an ingest job page whose progress bar polls a small JSON view.
+Writes go through catalog.services; owners, admins and members publish, viewers only look."""
+
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from orsplatform.catalog import selectors as catalog
+from orsplatform.catalog.ingest import IngestError
+from orsplatform.catalog.models import Environment, IngestJob, Split
+from orsplatform.catalog.packages import remove_quietly, save_upload
+from orsplatform.catalog.services import (
+    PublishError,
+    UploadTooLarge,
+    VersionNotFound,
+    environment_publish_path,
+    environment_rollback,
+    ingest_job_create,
+)
+from orsplatform.teams import selectors
+from orsplatform.teams.models import Membership, Team
+
+PUBLISHER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN, Membership.Role.MEMBER)
+
+
+def can_publish(*, user, role: str) -> bool:
+    return user.is_superuser or role in PUBLISHER_ROLES
+
+
+class PackageForm(forms.Form):
+    package = forms.FileField(help_text="A .zip, .tar.gz or a single .py file.")
+    slug = forms.CharField(max_length=63, required=False,
+                           help_text="Default: the manifest's name, else the file name.")
+    visibility = forms.ChoiceField(required=False, choices=[("", "manifest / unchanged")]
+                                   + list(Environment.Visibility.choices))
+
+
+class TaskFileForm(forms.Form):
+    environment = forms.ModelChoiceField(queryset=Environment.objects.none())
+    split = forms.CharField(max_length=100)
+    split_type = forms.ChoiceField(required=False, label="Split type",
+                                   choices=[("", "keep / from the name")] + list(Split.Type.choices))
+    format = forms.ChoiceField(required=False, choices=[("", "from the file name"), ("jsonl", "JSONL"),
+                                                        ("csv", "CSV"), ("parquet", "Parquet")])
+    mode = forms.ChoiceField(choices=IngestJob.Mode.choices, initial=IngestJob.Mode.APPEND)
+    file = forms.FileField(help_text="One task per line (JSONL) or row (CSV, Parquet).")
+
+    def __init__(self, *args, team: Team, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["environment"].queryset = Environment.objects.filter(team=team).order_by("slug")
+
+
+def _team(request: HttpRequest, slug: str, *, write: bool = False) -> tuple[Team, str, bool]:
+    team, role = selectors.team_for_user(user=request.user, slug=slug)
+    publisher = can_publish(user=request.user, role=role)
+    if write and not publisher:
+        raise PermissionDenied("Viewers cannot publish.")
+    return team, role, publisher
+
+
+def _page(request: HttpRequest, team: Team, role: str, publisher: bool, *, package_form=None, task_form=None,
+          failure: PublishError | None = None, status: int = 200) -> HttpResponse:
+    return render(request, "console/environments.html", {
+        "team": team, "role": role, "can_publish": publisher,
+        "environments": catalog.environments_of_team(team=team),
+        "jobs": catalog.ingest_jobs_of_team(team=team, limit=10),
+        "package_form": package_form or PackageForm(), "task_form": task_form or TaskFileForm(team=team),
+        "failure": failure,
+    }, status=status)
+
+
+@login_required
+@require_GET
+def environments_home(request: HttpRequest) -> HttpResponse:
+    teams = selectors.teams_for_user(user=request.user)
+    if len(teams) == 1:
+        return redirect("console:environments", slug=teams[0][0].slug)
+    return render(request, "console/environments_teams.html", {"teams": teams})
+
+
+@login_required
+@require_GET
+def environments(request: HttpRequest, slug: str) -> HttpResponse:
+    team, role, publisher = _team(request, slug)
+    return _page(request, team, role, publisher)
+
+
+@login_required
+@require_POST
+def package_upload(request: HttpRequest, slug: str) -> HttpResponse:
+    team, role, publisher = _team(request, slug, write=True)
+    form = PackageForm(request.POST, request.FILES)
+    if not form.is_valid():
+        return _page(request, team, role, publisher, package_form=form, status=400)
+    upload = form.cleaned_data["package"]
+    if upload.size > settings.ORS_MAX_PACKAGE_BYTES:
+        form.add_error("package", f"The package is {upload.size} bytes; the limit is {settings.ORS_MAX_PACKAGE_BYTES}.")
+        return _page(request, team, role, publisher, package_form=form, status=413)
+    path = save_upload(upload)
+    try:
+        result = environment_publish_path(team=team, path=path, filename=upload.name,
+                                          slug=form.cleaned_data["slug"] or None,
+                                          visibility=form.cleaned_data["visibility"] or None,
+                                          created_by=request.user)
+    except PublishError as exc:
+        return _page(request, team, role, publisher, package_form=form, failure=exc,
+                     status=413 if exc.check == "size" else 400)
+    finally:
+        remove_quietly(path)
+    version = result.version
+    if result.created:
+        report = result.report
+        tools = ", ".join(t["name"] for t in report.get("tools", []))
+        splits = ", ".join(s["name"] for s in report.get("splits", []))
+        prompt = "a sample prompt rendered" if report.get("prompt_checked") else "no task to render a prompt for"
+        messages.success(request, f"Published {version.environment.full_name}@{version.number}: validation passed "
+                                  f"(entrypoint {version.entrypoint}; tools: {tools}; splits: {splits}; {prompt}).")
+    else:
+        messages.success(request, f"Identical content: {version.environment.full_name}@{version.number} "
+                                  "already holds it; nothing changed.")
+    return redirect("console:environments", slug=team.slug)
+
+
+@login_required
+@require_POST
+def version_rollback(request: HttpRequest, slug: str, env: str) -> HttpResponse:
+    team, _, _ = _team(request, slug, write=True)
+    environment = catalog.environment_of_team(team_id=team.id, slug=env)
+    if environment is None:
+        raise Http404("No such environment.")
+    try:
+        number = int(request.POST.get("version", ""))
+        version = environment_rollback(environment=environment, number=number)
+    except (ValueError, VersionNotFound) as exc:
+        raise Http404("No such version.") from exc
+    messages.success(request, f"{environment.full_name} now serves version {version.number}.")
+    return redirect("console:environments", slug=team.slug)
+
+
+@login_required
+@require_POST
+def tasks_upload(request: HttpRequest, slug: str) -> HttpResponse:
+    team, role, publisher = _team(request, slug, write=True)
+    form = TaskFileForm(request.POST, request.FILES, team=team)
+    if not form.is_valid():
+        return _page(request, team, role, publisher, task_form=form, status=400)
+    data = form.cleaned_data
+    try:
+        job = ingest_job_create(environment=data["environment"], split_name=data["split"], mode=data["mode"],
+                                upload=data["file"], fmt=data["format"] or None,
+                                split_type=data["split_type"] or None, created_by=request.user)
+    except IngestError as exc:
+        form.add_error("file", str(exc))
+        return _page(request, team, role, publisher, task_form=form,
+                     status=413 if isinstance(exc, UploadTooLarge) else 400)
+    return redirect("console:ingest_job", slug=team.slug, job_id=job.id)
+
+
+def _job(request: HttpRequest, slug: str, job_id: int) -> tuple[Team, IngestJob]:
+    team, _, _ = _team(request, slug)
+    job = catalog.ingest_job_of_team(team_id=team.id, job_id=job_id)
+    if job is None:
+        raise Http404("No such ingest job.")
+    return team, job
+
+
+def _job_json(job: IngestJob) -> dict:
+    return {"id": job.id, "status": job.status, "finished": job.finished, "percent": job.percent,
+            "rows_done": job.rows_done, "bytes_done": job.bytes_done, "bytes_total": job.bytes_total,
+            "num_tasks": job.num_tasks, "error_report": job.error_report}
+
+
+@login_required
+@require_GET
+def ingest_job(request: HttpRequest, slug: str, job_id: int) -> HttpResponse:
+    team, job = _job(request, slug, job_id)
+    return render(request, "console/ingest_job.html", {
+        "team": team, "job": job, "progress_url": reverse("console:ingest_job_json", args=[team.slug, job.id]),
+    })
+
+
+@login_required
+@require_GET
+def ingest_job_json(request: HttpRequest, slug: str, job_id: int) -> JsonResponse:
+    _, job = _job(request, slug, job_id)
+    return JsonResponse(_job_json(job))

@@ -1,0 +1,605 @@
+"""Session lifecycle: create_session, create, prompt, task_tools, ping, delete, delete_session,
+expiry, waiting for setup, failed setup, and secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+
+import pytest
+
+from tests.fixtures.ors import parse_sse, sse_result, start_episode
+from tests.ors.support import acalls, all_rows_dump, arow, in_db, sid_headers, wait_for
+
+
+def assert_detail(r, status: int) -> str:
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert set(body) == {"detail"} and isinstance(body["detail"], str) and body["detail"], body
+    return body["detail"]
+
+
+def x_secrets(secrets: dict) -> str:
+    return base64.b64encode(json.dumps(secrets).encode()).decode()
+
+
+async def math_task(client, person, split: str = "test", index: int = 0) -> dict:
+    r = await client.post("/math/task", headers=person.headers, json={"split": split, "index": index})
+    assert r.status_code == 200
+    return r.json()["task"]
+
+
+# --- create_session ---------------------------------------------------------------------------
+
+
+async def test_create_session_answers_json_when_sse_is_not_accepted(client, owner):
+    r = await client.post("/create_session", headers=owner.headers)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert set(body) == {"sid"}
+    assert str(uuid.UUID(body["sid"])) == body["sid"]
+    r2 = await client.post("/create_session", headers={**owner.headers, "Accept": "application/json"})
+    assert r2.json()["sid"] != body["sid"]
+
+
+async def test_create_session_answers_sse_when_the_client_accepts_it(client, owner):
+    r = await client.post("/create_session", headers={**owner.headers, "Accept": "text/event-stream"})
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/event-stream"
+    assert r.headers["cache-control"] == "no-cache"
+    assert r.headers["x-accel-buffering"] == "no"
+    events = parse_sse(r.text)
+    assert [e for e, _ in events] == ["task_id", "end"]
+    sid = events[0][1]
+    assert str(uuid.UUID(sid)) == sid
+    assert events[1][1] == ""
+    assert r.text == f"event: task_id\ndata: {sid}\n\nevent: end\ndata: \n\n"
+    # The minted id works for /create.
+    r = await client.post("/math/create", headers=sid_headers(owner, sid), json={"split": "test", "index": 0})
+    assert r.status_code == 200 and r.json() == {"sid": sid}
+
+
+async def test_create_session_answers_sse_for_an_accept_list_that_includes_it(client, owner):
+    r = await client.post("/create_session",
+                          headers={**owner.headers, "Accept": "application/json, text/event-stream;q=0.9"})
+    assert r.headers["content-type"] == "text/event-stream"
+    assert [e for e, _ in parse_sse(r.text)] == ["task_id", "end"]
+
+
+@pytest.mark.parametrize("content", [b"", b"{}", b'{"env": {"FOO": "bar"}}', b"  \n"])
+async def test_create_session_accepts_an_empty_body_an_empty_object_or_env_vars(client, owner, content):
+    r = await client.post("/create_session", headers={**owner.headers, "Content-Type": "application/json"},
+                          content=content)
+    assert r.status_code == 200, r.text
+    assert set(r.json()) == {"sid"}
+
+
+# --- create -----------------------------------------------------------------------------------
+
+
+async def test_create_with_a_task_spec_starts_an_episode_on_that_task(client, owner):
+    spec = {"question": "What is 40 + 2?", "answer": "42"}
+    sid = await start_episode(client, owner.headers, task_spec=spec)
+    r = await client.get("/math/prompt", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert spec["question"] in r.json()[0]["text"]
+    row = await arow(sid)
+    assert row["task_spec"] == spec and row["split"] == "" and row["task_index"] is None
+    r = await client.post("/math/call", headers=sid_headers(owner, sid), json={"name": "submit", "input": {"answer": "42"}})
+    assert sse_result(r.text)["output"]["reward"] == 1.0
+
+
+async def test_create_with_split_and_index_resolves_the_task(client, owner):
+    task = await math_task(client, owner, "test", 5)
+    r = await client.post("/create_session", headers=owner.headers)
+    sid = r.json()["sid"]
+    r = await client.post("/math/create", headers=sid_headers(owner, sid), json={"split": "test", "index": 5})
+    assert r.status_code == 200
+    assert r.json() == {"sid": sid}
+    r = await client.get("/math/prompt", headers=sid_headers(owner, sid))
+    assert task["question"] in r.json()[0]["text"]
+    row = await arow(sid)
+    assert row["task_spec"] == task and row["split"] == "test" and row["task_index"] == 5
+    assert row["status"] in ("creating", "ready")
+
+
+@pytest.mark.parametrize("body", [
+    {},
+    {"env_name": "math"},
+    {"task_spec": {"question": "q", "answer": "1"}, "split": "test", "index": 0},
+    {"task_spec": {"question": "q", "answer": "1"}, "split": "test"},
+    {"secrets": {"a": "b"}},
+], ids=["empty", "env-only", "both", "spec-and-split", "secrets-only"])
+async def test_create_with_both_or_neither_task_spec_and_split_index_answers_400(client, owner, body):
+    sid = str(uuid.uuid4())
+    r = await client.post("/math/create", headers=sid_headers(owner, sid), json=body)
+    assert_detail(r, 400)
+    assert await arow(sid) is None
+
+
+@pytest.mark.parametrize("body", [{"split": "test"}, {"index": 0}, {"split": "test", "index": None},
+                                  {"split": None, "index": 3}])
+async def test_create_with_split_or_index_alone_answers_400(client, owner, body):
+    sid = str(uuid.uuid4())
+    r = await client.post("/math/create", headers=sid_headers(owner, sid), json=body)
+    assert_detail(r, 400)
+    assert await arow(sid) is None
+
+
+async def test_a_second_create_with_the_same_sid_answers_400_session_already_exists(client, owner):
+    sid = await start_episode(client, owner.headers)
+    r = await client.post("/math/create", headers=sid_headers(owner, sid), json={"split": "test", "index": 1})
+    assert "Session already exists" in assert_detail(r, 400)
+    # The first episode is untouched.
+    r = await client.post("/ping", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert (await arow(sid))["task_index"] == 0
+
+
+async def test_a_deleted_sid_cannot_be_created_again(client, owner):
+    sid = await start_episode(client, owner.headers)
+    assert (await client.post("/delete", headers=sid_headers(owner, sid))).status_code == 200
+    r = await client.post("/math/create", headers=sid_headers(owner, sid), json={"split": "test", "index": 1})
+    assert "Session already exists" in assert_detail(r, 400)
+
+
+async def test_create_without_a_session_id_answers_400(client, owner, ors_app):
+    r = await client.post("/math/create", headers=owner.headers, json={"split": "test", "index": 0})
+    assert "X-Session-ID" in assert_detail(r, 400)
+    r = await client.post("/math/create", headers={**owner.headers, "X-Session-ID": "  "},
+                          json={"split": "test", "index": 0})
+    assert_detail(r, 400)
+    assert ors_app.sessions == {}
+
+
+async def test_create_without_env_name_uses_the_default_environment(client, owner):
+    task = await math_task(client, owner, "test", 2)
+    sid = str(uuid.uuid4())
+    r = await client.post("/create", headers=sid_headers(owner, sid), json={"split": "test", "index": 2})
+    assert r.status_code == 200, r.text
+    r = await client.get("/prompt", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert task["question"] in r.json()[0]["text"]
+    r = await client.get("/version", headers=sid_headers(owner, sid))
+    assert r.json()["environment"] == "builtin/math@1"
+
+
+async def test_create_with_env_name_in_the_body_on_a_bare_path(client, owner):
+    sid = str(uuid.uuid4())
+    r = await client.post("/create", headers=sid_headers(owner, sid),
+                          json={"env_name": "builtin/wordle", "split": "test", "index": 0})
+    assert r.status_code == 200, r.text
+    r = await client.get("/version", headers=sid_headers(owner, sid))
+    assert r.json()["environment"] == "builtin/wordle@1"
+
+
+async def test_create_uses_the_environment_a_key_is_bound_to(client, owner):
+    from orsplatform.catalog.models import Environment
+    from orsplatform.teams.services import api_key_create
+
+    def bound_key() -> str:
+        vision = Environment.objects.get(team__slug="builtin", slug="vision")
+        return api_key_create(team=owner.team, name="bound", scopes=["sessions"], environment=vision).token
+
+    token = await in_db(bound_key)
+    sid = str(uuid.uuid4())
+    r = await client.post("/create", headers={"X-API-Key": token, "X-Session-ID": sid},
+                          json={"split": "test", "index": 0})
+    assert r.status_code == 200, r.text
+    r = await client.get("/version", headers={"X-API-Key": token, "X-Session-ID": sid})
+    assert r.json()["environment"] == "builtin/vision@1"
+
+
+async def test_create_with_an_unknown_environment_answers_404(client, owner):
+    sid = str(uuid.uuid4())
+    r = await client.post("/nosuchenv/create", headers=sid_headers(owner, sid), json={"split": "test", "index": 0})
+    assert_detail(r, 404)
+    r = await client.post("/create", headers=sid_headers(owner, sid),
+                          json={"env_name": "nosuchenv", "split": "test", "index": 0})
+    assert_detail(r, 404)
+    r = await client.post("/create", headers={**sid_headers(owner, sid), "X-Deployment": "builtin/nosuch"},
+                          json={"split": "test", "index": 0})
+    assert r.status_code == 404 and r.json() == {"detail": "Deployment not found."}
+    assert await arow(sid) is None
+
+
+async def test_create_through_x_deployment(client, owner):
+    sid = str(uuid.uuid4())
+    r = await client.post("/create", headers={**sid_headers(owner, sid), "X-Deployment": "builtin/vision"},
+                          json={"split": "train", "index": 1})
+    assert r.status_code == 200
+    r = await client.get("/prompt", headers={**sid_headers(owner, sid), "X-Deployment": "builtin/vision"})
+    assert r.status_code == 200
+    assert [b["type"] for b in r.json()] == ["text", "image"]
+
+
+# --- prompt and task_tools --------------------------------------------------------------------
+
+
+async def test_prompt_returns_the_tasks_blocks(client, owner):
+    task = await math_task(client, owner, "test", 9)
+    sid = await start_episode(client, owner.headers, split="test", index=9)
+    r = await client.get("/math/prompt", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    blocks = r.json()
+    assert isinstance(blocks, list) and len(blocks) == 1
+    assert blocks[0]["type"] == "text" and blocks[0]["detail"] is None
+    assert task["question"] in blocks[0]["text"]
+
+
+async def vision_tasks(client, person) -> list[dict]:
+    r = await client.post("/vision/task_range", headers=person.headers, json={"split": "train", "stop": 40})
+    assert r.status_code == 200
+    return r.json()["tasks"]
+
+
+async def test_task_tools_include_the_task_specific_tools_a_task_offers(client, owner):
+    tasks = await vision_tasks(client, owner)
+    index = next(i for i, t in enumerate(tasks) if t["zoomable"])
+    sid = await start_episode(client, owner.headers, env="vision", split="train", index=index)
+    r = await client.get("/vision/task_tools", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    tools = {t["name"]: t for t in r.json()["tools"]}
+    assert "answer" in tools and "zoom" in tools
+    assert ("hint" in tools) == bool(tasks[index].get("hint"))
+    assert tools["zoom"]["input_schema"]["properties"]["factor"]["type"] == "integer"
+    # The sessionless listing still has only the shared tool.
+    r = await client.get("/vision/tools", headers=owner.headers)
+    assert [t["name"] for t in r.json()["tools"]] == ["answer"]
+
+
+async def test_task_tools_leave_out_tools_a_task_does_not_offer(client, owner):
+    tasks = await vision_tasks(client, owner)
+    index = next(i for i, t in enumerate(tasks) if not t["zoomable"] and not t.get("hint"))
+    sid = await start_episode(client, owner.headers, env="vision", split="train", index=index)
+    r = await client.get("/vision/task_tools", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert [t["name"] for t in r.json()["tools"]] == ["answer"]
+    index = next(i for i, t in enumerate(tasks) if not t["zoomable"] and t.get("hint"))
+    sid = await start_episode(client, owner.headers, env="vision", split="train", index=index)
+    r = await client.get("/vision/task_tools", headers=sid_headers(owner, sid))
+    assert sorted(t["name"] for t in r.json()["tools"]) == ["answer", "hint"]
+
+
+# --- ping, delete, delete_session -------------------------------------------------------------
+
+
+async def test_ping_answers_ok_for_an_open_session(client, owner):
+    sid = await start_episode(client, owner.headers)
+    r = await client.post("/ping", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok"}
+    r = await client.post("/math/ping", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+
+
+async def test_any_request_carrying_the_session_id_counts_as_activity(client, owner, ors_app):
+    sid = await start_episode(client, owner.headers)
+    live = ors_app.sessions[sid]
+    h = sid_headers(owner, sid)
+    for method, path, body in [("POST", "/ping", None), ("GET", "/math/prompt", None),
+                               ("GET", "/math/task_tools", None),
+                               ("POST", "/math/call", {"name": "submit", "input": {"answer": "1"}})]:
+        live.last_activity -= 600
+        before = live.last_activity
+        r = await client.request(method, path, headers=h, json=body)
+        assert r.status_code == 200, (path, r.text)
+        assert live.last_activity > before + 500, path
+
+
+async def test_delete_answers_with_the_sid_and_a_second_delete_is_not_an_error(client, owner):
+    sid = await start_episode(client, owner.headers)
+    r = await client.post("/delete", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert r.json() == {"sid": sid}
+    row = await arow(sid)
+    assert row["status"] == "deleted" and row["ended_at"] is not None
+    r = await client.post("/delete", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert r.json() == {"sid": sid}
+    r = await client.post("/delete_session", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert r.json() == {"sid": sid}
+    assert (await arow(sid))["status"] == "deleted"
+
+
+async def test_after_delete_session_endpoints_answer_410(client, owner, ors_app):
+    sid = await start_episode(client, owner.headers)
+    r = await client.post("/math/call", headers=sid_headers(owner, sid), json={"name": "submit", "input": {"answer": "1"}})
+    task_id = parse_sse(r.text)[0][1]
+    assert (await client.post("/delete", headers=sid_headers(owner, sid))).status_code == 200
+    assert sid not in ors_app.sessions
+    h = sid_headers(owner, sid)
+    assert_detail(await client.post("/ping", headers=h), 410)
+    assert_detail(await client.get("/math/prompt", headers=h), 410)
+    assert_detail(await client.get("/math/task_tools", headers=h), 410)
+    assert_detail(await client.post("/math/call", headers=h, json={"name": "submit", "input": {"answer": "1"}}), 410)
+    assert_detail(await client.post("/math/call", headers=h, json={"task_id": task_id}), 410)
+    assert len(await acalls(sid)) == 1
+
+
+async def test_delete_session_ends_an_open_session(client, owner):
+    sid = await start_episode(client, owner.headers)
+    r = await client.post("/delete_session", headers=sid_headers(owner, sid))
+    assert r.status_code == 200 and r.json() == {"sid": sid}
+    assert_detail(await client.post("/ping", headers=sid_headers(owner, sid)), 410)
+    assert (await arow(sid))["status"] == "deleted"
+
+
+async def test_unknown_sessions_answer_404(client, owner):
+    h = sid_headers(owner, str(uuid.uuid4()))
+    assert_detail(await client.post("/ping", headers=h), 404)
+    assert_detail(await client.get("/math/prompt", headers=h), 404)
+    assert_detail(await client.get("/math/task_tools", headers=h), 404)
+    assert_detail(await client.post("/math/call", headers=h, json={"name": "submit", "input": {"answer": "1"}}), 404)
+    assert_detail(await client.post("/math/call", headers=h, json={"task_id": uuid.uuid4().hex}), 404)
+    assert_detail(await client.post("/delete", headers=h), 404)
+
+
+async def test_a_sid_minted_by_create_session_is_unknown_until_create(client, owner):
+    sid = (await client.post("/create_session", headers=owner.headers)).json()["sid"]
+    assert_detail(await client.post("/ping", headers=sid_headers(owner, sid)), 404)
+    assert_detail(await client.get("/math/prompt", headers=sid_headers(owner, sid)), 404)
+
+
+async def test_delete_session_with_an_unknown_sid_answers_200(client, owner):
+    sid = str(uuid.uuid4())
+    r = await client.post("/delete_session", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert r.json() == {"sid": sid}
+    # A throwaway id from create_session, as the openreward client does.
+    sid = (await client.post("/create_session", headers=owner.headers)).json()["sid"]
+    r = await client.post("/delete_session", headers=sid_headers(owner, sid))
+    assert r.status_code == 200 and r.json() == {"sid": sid}
+
+
+async def test_session_endpoints_require_a_session_id(client, owner):
+    for method, path, body in [("POST", "/ping", None), ("POST", "/delete", None), ("POST", "/delete_session", None),
+                               ("GET", "/math/prompt", None), ("GET", "/math/task_tools", None),
+                               ("POST", "/math/call", {"name": "submit", "input": {"answer": "1"}})]:
+        r = await client.request(method, path, headers=owner.headers, json=body)
+        assert "X-Session-ID" in assert_detail(r, 400), path
+
+
+# --- expiry -----------------------------------------------------------------------------------
+
+
+async def test_an_idle_session_is_reaped_and_then_answers_404_expired(client, owner, ors_app, settings):
+    sid = await start_episode(client, owner.headers)
+    other = await start_episode(client, owner.headers)
+    assert settings.ORS_IDLE_TIMEOUT_SECONDS == 15 * 60  # the documented default
+    settings.ORS_IDLE_TIMEOUT_SECONDS = 0
+    await ors_app.reap_once()
+    assert sid not in ors_app.sessions and other not in ors_app.sessions
+    r = await client.post("/ping", headers=sid_headers(owner, sid))
+    assert "expired" in assert_detail(r, 404).lower()
+    r = await client.get("/math/prompt", headers=sid_headers(owner, sid))
+    assert "expired" in assert_detail(r, 404).lower()
+    row = await arow(sid)
+    assert row["status"] == "expired" and row["ended_at"] is not None
+    # Deleting an expired session is not an error, and it stays expired.
+    r = await client.post("/delete", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert (await arow(sid))["status"] == "expired"
+
+
+async def test_an_active_session_is_not_reaped(client, owner, ors_app, settings):
+    sid = await start_episode(client, owner.headers)
+    settings.ORS_IDLE_TIMEOUT_SECONDS = 60
+    await ors_app.reap_once()
+    assert (await client.post("/ping", headers=sid_headers(owner, sid))).status_code == 200
+    assert (await arow(sid))["status"] in ("creating", "ready")
+
+
+# --- setup ------------------------------------------------------------------------------------
+
+
+async def test_requests_answer_503_while_setup_runs_and_200_once_it_is_done(client, owner, probe, settings):
+    settings.ORS_SETUP_WAIT_SECONDS = 0.2
+    created = time.monotonic()
+    sid = await start_episode(client, owner.headers, env=probe, task_spec={"setup_sleep": 2, "question": "slow"})
+    h = sid_headers(owner, sid)
+
+    # /create answered before setup finished: the instance is still starting.
+    r = await client.get(f"/{probe}/prompt", headers=h)
+    assert_detail(r, 503)
+    assert r.headers["x-backend-state"] == "starting"
+    assert int(r.headers["retry-after"]) > 0
+    r = await client.get(f"/{probe}/task_tools", headers=h)
+    assert_detail(r, 503)
+    assert r.headers["x-backend-state"] == "starting"
+    r = await client.post(f"/{probe}/call", headers=h, json={"name": "finish", "input": {}})
+    assert_detail(r, 503)
+    assert r.headers["x-backend-state"] == "starting" and r.headers["retry-after"]
+    # Pinging does not wait for setup.
+    assert (await client.post("/ping", headers=h)).status_code == 200
+    assert await acalls(sid) == []
+
+    async def prompt_ready():
+        r = await client.get(f"/{probe}/prompt", headers=h)
+        assert r.status_code in (200, 503), r.text
+        return r if r.status_code == 200 else None
+
+    r = await wait_for(prompt_ready, timeout=10, what="setup to finish")
+    assert r.json()[0]["text"] == "slow"
+    assert time.monotonic() - created >= 1.9
+    r = await client.post(f"/{probe}/call", headers=h, json={"name": "finish", "input": {}})
+    assert sse_result(r.text)["ok"] is True
+
+
+async def test_requests_wait_for_a_setup_that_finishes_within_the_bound(client, owner, probe, settings):
+    settings.ORS_SETUP_WAIT_SECONDS = 10
+    sid = await start_episode(client, owner.headers, env=probe, task_spec={"setup_sleep": 0.3, "question": "soon"})
+    r = await client.get(f"/{probe}/prompt", headers=sid_headers(owner, sid))
+    assert r.status_code == 200
+    assert r.json()[0]["text"] == "soon"
+
+
+async def test_a_setup_that_raises_answers_500_and_marks_the_session_failed(client, owner, probe):
+    sid = await start_episode(client, owner.headers, env=probe, task_spec={"setup_fail": True})
+    h = sid_headers(owner, sid)
+    r = await client.get(f"/{probe}/prompt", headers=h)
+    assert "setup failed" in assert_detail(r, 500).lower()
+    assert "probe setup exploded" in r.json()["detail"]
+    r = await client.post(f"/{probe}/call", headers=h, json={"name": "finish", "input": {}})
+    assert "setup failed" in assert_detail(r, 500).lower()
+    r = await client.get(f"/{probe}/task_tools", headers=h)
+    assert "setup failed" in assert_detail(r, 500).lower()
+
+    async def failed():
+        row = await arow(sid)
+        return row if row["status"] == "failed" else None
+
+    row = await wait_for(failed, what="the session row to be marked failed")
+    assert "probe setup exploded" in row["error"]
+    # A failed session can still be deleted.
+    r = await client.post("/delete", headers=h)
+    assert r.status_code == 200
+    assert (await arow(sid))["status"] == "deleted"
+
+
+# --- secrets ----------------------------------------------------------------------------------
+
+
+async def test_secrets_from_the_body_x_secrets_and_create_session_all_reach_the_environment(client, owner):
+    canaries = {name: f"canary-{name}-{uuid.uuid4().hex}" for name in ("body_key", "header_key", "session_key")}
+    r = await client.post("/create_session", headers={
+        **owner.headers, "Accept": "text/event-stream",
+        "X-Secrets": x_secrets({"session_key": {"value": canaries["session_key"], "allowed_domains": ["x.test"]}})})
+    sid = parse_sse(r.text)[0][1]
+    r = await client.post("/math/create", headers={
+        **sid_headers(owner, sid),
+        "X-Secrets": x_secrets({"header_key": {"value": canaries["header_key"], "allowed_domains": []}})},
+        json={"split": "test", "index": 0, "secrets": {"body_key": canaries["body_key"]}})
+    assert r.status_code == 200, r.text
+    r = await client.post("/math/call", headers=sid_headers(owner, sid), json={"name": "submit", "input": {"answer": "0"}})
+    result = sse_result(r.text)
+    assert result["output"]["metadata"]["secrets_seen"] == ["body_key", "header_key", "session_key"]
+    # Delivered, never stored: no Session or ToolCall column holds a value.
+    await client.post("/delete", headers=sid_headers(owner, sid))
+    dump = await in_db(all_rows_dump)
+    assert sid in dump
+    for value in canaries.values():
+        assert value not in dump
+    for value in canaries.values():
+        assert value not in r.text
+
+
+@pytest.mark.parametrize("where", ["body", "body-object", "x-secrets-create", "x-secrets-create-session"])
+async def test_each_way_of_sending_a_secret_reaches_the_environment_and_is_not_stored(client, owner, where):
+    value = f"canary-{uuid.uuid4().hex}"
+    create_session_headers = dict(owner.headers)
+    create_headers: dict[str, str] = {}
+    body: dict = {"split": "test", "index": 0}
+    if where == "body":
+        body["secrets"] = {"canary": value}
+    elif where == "body-object":
+        body["secrets"] = {"canary": {"value": value, "allowed_domains": ["api.test"]}}
+    elif where == "x-secrets-create":
+        create_headers["X-Secrets"] = x_secrets({"canary": {"value": value}})
+    else:
+        create_session_headers["X-Secrets"] = x_secrets({"canary": {"value": value}})
+    sid = (await client.post("/create_session", headers=create_session_headers)).json()["sid"]
+    r = await client.post("/math/create", headers={**sid_headers(owner, sid), **create_headers}, json=body)
+    assert r.status_code == 200, r.text
+    r = await client.post("/math/call", headers=sid_headers(owner, sid), json={"name": "submit", "input": {"answer": "0"}})
+    assert sse_result(r.text)["output"]["metadata"]["secrets_seen"] == ["canary"]
+    dump = await in_db(all_rows_dump)
+    assert sid in dump and value not in dump
+
+
+async def test_a_session_without_secrets_sees_none(client, owner):
+    sid = await start_episode(client, owner.headers)
+    r = await client.post("/math/call", headers=sid_headers(owner, sid), json={"name": "submit", "input": {"answer": "0"}})
+    assert sse_result(r.text)["output"]["metadata"]["secrets_seen"] == []
+
+
+async def test_deleting_a_session_while_setup_runs_ends_it_at_once(client, owner, probe, ors_app, settings):
+    settings.ORS_SETUP_WAIT_SECONDS = 0.1
+    sid = await start_episode(client, owner.headers, env=probe, task_spec={"setup_sleep": 30})
+    h = sid_headers(owner, sid)
+    assert (await client.get(f"/{probe}/prompt", headers=h)).status_code == 503
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    r = await client.post("/delete", headers=h)
+    assert r.status_code == 200 and r.json() == {"sid": sid}
+    assert loop.time() - started < 5
+    assert_detail(await client.get(f"/{probe}/prompt", headers=h), 410)
+    # Once the gateway's background work settles, the row says deleted (not failed).
+    await wait_for(lambda: not ors_app._background, what="background tasks to finish")
+    row = await arow(sid)
+    assert row["status"] == "deleted"
+    assert_detail(await client.post("/ping", headers=h), 410)
+
+
+async def test_the_session_row_is_marked_ready_when_activity_is_flushed(client, owner, ors_app):
+    sid = await start_episode(client, owner.headers)
+    assert (await client.get("/math/prompt", headers=sid_headers(owner, sid))).status_code == 200
+    await wait_for(lambda: ors_app.sessions[sid].ready_at is not None, what="setup to be noted")
+    await ors_app.flush_activity()
+    row = await arow(sid)
+    assert row["status"] == "ready" and row["ready_at"] is not None
+
+
+async def test_secrets_sent_with_create_session_survive_a_create_rejected_for_capacity(client, owner):
+    from orsplatform.teams.auth import key_cache
+
+    def limit_acme() -> None:
+        type(owner.team).objects.filter(pk=owner.team.pk).update(max_open_sessions=1)
+
+    await in_db(limit_acme)
+    key_cache.clear()
+    first = await start_episode(client, owner.headers)
+    r = await client.post("/create_session", headers={**owner.headers,
+                                                      "X-Secrets": x_secrets({"canary": {"value": "v"}})})
+    sid = r.json()["sid"]
+    r = await client.post("/math/create", headers=sid_headers(owner, sid), json={"split": "test", "index": 0})
+    assert "maximum capacity" in assert_detail(r, 429)
+    assert int(r.headers["retry-after"]) > 0
+    assert await arow(sid) is None
+    # The client frees a slot and retries the same /create, as clients do after a 429.
+    assert (await client.post("/delete", headers=sid_headers(owner, first))).status_code == 200
+    r = await client.post("/math/create", headers=sid_headers(owner, sid), json={"split": "test", "index": 0})
+    assert r.status_code == 200, r.text
+    r = await client.post("/math/call", headers=sid_headers(owner, sid), json={"name": "submit", "input": {"answer": "0"}})
+    assert sse_result(r.text)["output"]["metadata"]["secrets_seen"] == ["canary"]
+
+
+async def test_secret_values_echoed_by_environment_code_are_not_stored(client, owner, probe):
+    value = f"canary-{uuid.uuid4().hex}"
+    header = {"X-Secrets": x_secrets({"canary": {"value": value}})}
+    sid = (await client.post("/create_session", headers={**owner.headers, **header})).json()["sid"]
+    r = await client.post(f"/{probe}/create", headers=sid_headers(owner, sid), json={"task_spec": {}})
+    assert r.status_code == 200
+    h = sid_headers(owner, sid)
+    r = await client.post(f"/{probe}/call", headers=h, json={"name": "reveal", "input": {}})
+    assert sse_result(r.text)["ok"] is True
+    r = await client.post(f"/{probe}/call", headers=h, json={"name": "reveal_raise", "input": {}})
+    errors = [d for e, d in parse_sse(r.text) if e == "error"]
+    assert len(errors) == 1 and "failed with secrets" in errors[0]
+    assert value not in errors[0]
+    # The agent itself passes the value as tool input.
+    r = await client.post(f"/{probe}/call", headers=h, json={"name": "count", "input": {"n": 1, "note": value}})
+    assert sse_result(r.text)["ok"] is True
+    failing = str(uuid.uuid4())
+    r = await client.post(f"/{probe}/create", headers={**sid_headers(owner, failing), **header},
+                          json={"task_spec": {"setup_fail_reveal": True}})
+    assert r.status_code == 200
+    r = await client.get(f"/{probe}/prompt", headers=sid_headers(owner, failing))
+    assert "setup failed" in assert_detail(r, 500).lower()
+    assert value not in r.text
+    await wait_for(lambda: arow(failing), what="the failed session row")
+
+    async def marked_failed():
+        return (await arow(failing))["status"] == "failed"
+
+    await wait_for(marked_failed, what="the session row to be marked failed")
+    await client.post("/delete", headers=h)
+    dump = await in_db(all_rows_dump)
+    assert sid in dump and failing in dump and "failed with secrets" in dump and "probe setup exploded" in dump
+    assert value not in dump

@@ -1,0 +1,183 @@
+"""The celery executor with real processes: runner nodes, a platform worker with beat, and real
+gateways (daphne), on Redis and the test database."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from ors.client import ORS
+
+from orsplatform.episodes.models import Session, ToolCall
+from tests.fixtures.celery import wait_until
+from tests.fixtures.ors import parse_sse, sse_result
+
+pytestmark = pytest.mark.e2e
+
+
+def open_session(base: str, person, env: str = "math", **create) -> str:
+    sid = httpx.post(f"{base}/create_session", headers=person.headers).json()["sid"]
+    r = httpx.post(f"{base}/{env}/create", headers={**person.headers, "X-Session-ID": sid},
+                   json=create or {"split": "train", "index": 0}, timeout=30)
+    assert r.status_code == 200, r.text
+    return sid
+
+
+def h(person, sid: str) -> dict:
+    return {**person.headers, "X-Session-ID": sid}
+
+
+def code_task_with_sleep(seconds: float) -> dict:
+    return {"id": "sleepy", "prompt": "sleep", "entry": "f", "tests": ["assert f() == 1"],
+            "timeout_seconds": 60, "_sleep": seconds}
+
+
+SLEEPY = "import time\ntime.sleep({s})\ndef f():\n    return 1\n"
+
+
+def test_an_episode_runs_end_to_end_through_runner_nodes_with_the_official_client(cluster, server_factory, owner):
+    runners = {cluster.start_runner(), cluster.start_runner()}
+    gateway = server_factory(**cluster.env())
+    client = ORS(base_url=gateway.url, api_key=owner.token)
+    try:
+        math = client.environment("math")
+        task = math.get_task("test", 3)
+        with math.session(task=task) as session:
+            assert task.task_spec["question"] in session.get_prompt()[0].text
+            result = session.call_tool("submit", {"answer": task.task_spec["answer"]})
+            assert result.reward == 1.0 and result.finished
+            sid = session.sid
+        with math.session(split="train", index=4) as session:
+            assert session.call_tool("submit", {"answer": "-1"}).reward == 0.0
+    finally:
+        client.close()
+    row = Session.objects.get(sid=sid)
+    assert row.runner in runners
+    wait_until(lambda: Session.objects.get(sid=sid).status == "deleted", 10, "session deleted")
+    call = ToolCall.objects.get(session__sid=sid)
+    assert call.status == "ok" and call.reward == 1.0 and call.finished
+
+
+def test_two_gateways_serve_one_session_interchangeably(cluster, server_factory, owner):
+    cluster.start_runner()
+    a = server_factory(**cluster.env())
+    b = server_factory(**cluster.env())
+    sid = open_session(a.url, owner, env="code", task_spec=code_task_with_sleep(0))
+    r = httpx.get(f"{b.url}/code/prompt", headers=h(owner, sid), timeout=30)
+    assert r.status_code == 200 and r.json()[0]["type"] == "text"
+
+    # A long call starts on A; the client drops it and reconnects by task_id on B.
+    task_id = None
+    with httpx.stream("POST", f"{a.url}/code/call", headers=h(owner, sid), timeout=30,
+                      json={"name": "run", "input": {"code": SLEEPY.format(s=2)}}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:"):
+                task_id = line.split(":", 1)[1].strip()
+                break
+    assert task_id
+    r = httpx.post(f"{b.url}/code/call", headers=h(owner, sid), json={"task_id": task_id}, timeout=30)
+    result = sse_result(r.text)
+    assert result["ok"] and result["output"]["reward"] == 1.0
+    # The episode finished on the runner, whichever gateway is asked next.
+    r = httpx.post(f"{b.url}/code/call", headers=h(owner, sid), timeout=30,
+                   json={"name": "run", "input": {"code": SLEEPY.format(s=0)}})
+    assert sse_result(r.text)["reason"] == "episode_finished"
+    # Delete on B: A sees the deletion within its session cache time.
+    assert httpx.post(f"{b.url}/delete", headers=h(owner, sid)).status_code == 200
+    wait_until(lambda: httpx.post(f"{a.url}/ping", headers=h(owner, sid)).status_code == 410, 10, "410 on A")
+    assert Session.objects.get(sid=sid).calls == 2
+
+
+def test_a_killed_runner_ends_its_calls_with_an_error_and_spares_other_runners(cluster, server_factory, owner):
+    first, second = cluster.start_runner(), cluster.start_runner()
+    cluster.start_platform_worker()
+    gateway = server_factory(**cluster.env())
+    sids = [open_session(gateway.url, owner, env="code", task_spec=code_task_with_sleep(0)) for _ in range(2)]
+    by_runner = {Session.objects.get(sid=s).runner: s for s in sids}
+    assert set(by_runner) == {first, second}, "sessions are placed on the least loaded runner"
+    doomed, survivor = by_runner[first], by_runner[second]
+    before = ToolCall.objects.count()
+
+    events: list = []
+
+    def long_call() -> None:
+        r = httpx.post(f"{gateway.url}/code/call", headers=h(owner, doomed), timeout=60,
+                       json={"name": "run", "input": {"code": SLEEPY.format(s=30)}})
+        events.extend(parse_sse(r.text))
+
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    wait_until(lambda: ToolCall.objects.filter(session__sid=doomed, status="running").exists(), 15, "call started")
+    killed_at = time.monotonic()
+    cluster.kill_runner(first)
+    caller.join(timeout=30)
+    assert not caller.is_alive(), "the stream must end"
+    assert time.monotonic() - killed_at < 15, "within the stated bound (heartbeat TTL + poll)"
+    assert [e for e, _ in events if e != ":"][-1] == "error"
+    wait_until(lambda: Session.objects.get(sid=doomed).status == "lost", 20, "session marked lost")
+    r = httpx.post(f"{gateway.url}/ping", headers=h(owner, doomed))
+    assert r.status_code == 410 and "lost" in r.json()["detail"].lower()
+    assert ToolCall.objects.count() >= before + 1  # the interrupted call is still in the audit log
+    assert ToolCall.objects.get(session__sid=doomed).status == "error"
+    # The other runner's session is untouched.
+    r = httpx.post(f"{gateway.url}/code/call", headers=h(owner, survivor), timeout=30,
+                   json={"name": "run", "input": {"code": SLEEPY.format(s=0)}})
+    assert sse_result(r.text)["ok"]
+
+
+def test_idle_sessions_expire_on_the_beat(cluster, server_factory, owner):
+    cluster.start_runner()
+    cluster.start_platform_worker(ORS_IDLE_TIMEOUT_SECONDS="2")
+    gateway = server_factory(**cluster.env(ORS_IDLE_TIMEOUT_SECONDS="2"))
+    sid = open_session(gateway.url, owner)
+    wait_until(lambda: Session.objects.get(sid=sid).status == "expired", 20, "session expired")
+    r = httpx.post(f"{gateway.url}/ping", headers=h(owner, sid))
+    assert r.status_code == 404 and "expired" in r.json()["detail"]
+
+
+def test_a_restarted_runner_does_not_resurrect_lost_sessions(cluster, server_factory, owner):
+    hostname = cluster.start_runner("phoenix")
+    cluster.start_platform_worker()
+    gateway = server_factory(**cluster.env())
+    old = open_session(gateway.url, owner)
+    assert httpx.get(f"{gateway.url}/math/prompt", headers=h(owner, old), timeout=30).status_code == 200
+    cluster.kill_runner(hostname)
+    wait_until(lambda: Session.objects.get(sid=old).status == "lost", 20, "session marked lost")
+    assert cluster.start_runner("phoenix") == hostname
+    assert httpx.post(f"{gateway.url}/ping", headers=h(owner, old)).status_code == 410
+    new = open_session(gateway.url, owner)
+    r = httpx.post(f"{gateway.url}/math/call", headers=h(owner, new), timeout=30,
+                   json={"name": "submit", "input": {"answer": "0"}})
+    assert sse_result(r.text)["ok"]
+
+
+def test_a_duplicate_delivery_never_runs_a_call_twice(cluster, server_factory, owner):
+    from celery import Celery
+    from celery.utils.nodenames import worker_direct
+
+    runner = cluster.start_runner()
+    gateway = server_factory(**cluster.env())
+    sid = open_session(gateway.url, owner, env="wordle", split="train", index=0)
+    assert httpx.get(f"{gateway.url}/wordle/prompt", headers=h(owner, sid), timeout=30).status_code == 200
+    app = Celery("dup", broker=cluster.env()["CELERY_BROKER_URL"])
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    args = [sid, "duplicate-task-id", "guess", {"word": "zzzzz"}, 30, "nobody"]
+    for _ in range(2):
+        app.send_task("ors.runner.call", args=args, queue=worker_direct(runner))
+    key = f"{cluster.prefix}:result:duplicate-task-id"
+    wait_until(lambda: cluster.redis.get(key), 10, "duplicate call result")
+    r = httpx.post(f"{gateway.url}/wordle/call", headers=h(owner, sid), timeout=30,
+                   json={"name": "guess", "input": {"word": "yyyyy"}})
+    metadata = sse_result(r.text)["output"]["metadata"]
+    assert metadata["turn"] == 2, json.dumps(metadata)  # one duplicate pair counted once, then this one
+
+
+def test_no_live_runner_answers_503_with_retry_after(cluster, server_factory, owner):
+    gateway = server_factory(**cluster.env())
+    sid = httpx.post(f"{gateway.url}/create_session", headers=owner.headers).json()["sid"]
+    r = httpx.post(f"{gateway.url}/create", headers=h(owner, sid), json={"split": "train", "index": 0})
+    assert r.status_code == 503 and r.headers["Retry-After"] and "runner" in r.json()["detail"]
+    assert not Session.objects.filter(sid=sid).exists()
