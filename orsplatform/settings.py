@@ -181,6 +181,7 @@ ORS_ACTIVITY_FLUSH_SECONDS = env_float("ORS_ACTIVITY_FLUSH_SECONDS", 30.0)
 ORS_SESSION_CACHE_SECONDS = env_float("ORS_SESSION_CACHE_SECONDS", 1.0)
 ORS_RUNNER_POLL_SECONDS = env_float("ORS_RUNNER_POLL_SECONDS", 1.0)
 ORS_RUNNER_REPLY_TIMEOUT_SECONDS = env_float("ORS_RUNNER_REPLY_TIMEOUT_SECONDS", 60.0)
+ORS_RUNNER_GRACE_SECONDS = env_float("ORS_RUNNER_GRACE_SECONDS", 2.0)
 ORS_MAX_BODY_BYTES = env_int("ORS_MAX_BODY_BYTES", 10 * 1024 * 1024)
 ORS_MAX_HEADER_BYTES = env_int("ORS_MAX_HEADER_BYTES", 16 * 1024)
 ORS_MAX_LIST_TASKS = env_int("ORS_MAX_LIST_TASKS", 100_000)
@@ -212,12 +213,24 @@ ORS_UPLOAD_DIR = Path(os.environ.get("ORS_UPLOAD_DIR", VAR_DIR / "uploads"))
 # Large uploads stream to disk instead of memory; task files are read from there, never whole.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 
+# Behind TLS in production: cookies only over HTTPS, HSTS, and the proxy's scheme header trusted.
+if env_bool("ORS_SECURE_COOKIES", False):
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 3600)
+SESSION_COOKIE_HTTPONLY = True
+
 LOG_LEVEL = os.environ.get("ORS_LOG_LEVEL", "INFO")
+# ORS_LOG_FORMAT=json gives one JSON object a line (for log shippers); plain text otherwise.
+LOG_FORMAT = os.environ.get("ORS_LOG_FORMAT", "plain")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "orsplatform.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

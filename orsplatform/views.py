@@ -1,3 +1,6 @@
+from __future__ import annotations
+
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -12,11 +15,36 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(request, "home.html", {"environments": environments})
 
 
-def ready(request: HttpRequest) -> JsonResponse:
-    """Readiness: the database answers."""
+def _database_ok() -> bool:
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
+        return True
     except Exception:
-        return JsonResponse({"status": "unavailable", "database": "down"}, status=503)
-    return JsonResponse({"status": "ok", "database": "ok"})
+        return False
+
+
+def _redis_checks() -> dict[str, str]:
+    """The broker/Redis answers, and (celery executor) at least one runner node has a heartbeat."""
+    import redis
+
+    checks: dict[str, str] = {}
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        client.ping()
+        checks["broker"] = "ok"
+        if settings.ORS_EXECUTOR == "celery":
+            runners = list(client.scan_iter(match=f"{settings.ORS_REDIS_PREFIX}:runner:*", count=100))
+            checks["runners"] = f"{len(runners)} live" if runners else "none"
+    except Exception:
+        checks["broker"] = "down"
+    return checks
+
+
+def ready(request: HttpRequest) -> JsonResponse:
+    """Readiness: the database, the broker and (with the celery executor) a live runner."""
+    checks = {"database": "ok" if _database_ok() else "down"}
+    if settings.REDIS_URL:
+        checks.update(_redis_checks())
+    healthy = checks["database"] == "ok" and checks.get("broker", "ok") == "ok" and checks.get("runners") != "none"
+    return JsonResponse({"status": "ok" if healthy else "unavailable", **checks}, status=200 if healthy else 503)

@@ -178,11 +178,11 @@ class OrsApp:
 
     # --- sessions -----------------------------------------------------------------------------
 
-    async def place_session(self) -> str:
+    async def place_session(self, caller: Caller) -> str:
         from orsplatform.runners.remote import NoRunnerAvailable
 
         try:
-            return await self.executor.place()
+            return await self.executor.place(caller.team_slug)
         except NoRunnerAvailable:
             raise HttpError(503, "No runner is available; retry shortly.", {"Retry-After": "5"}) from None
 

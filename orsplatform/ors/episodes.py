@@ -83,7 +83,7 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
     pending = app.pending.get(sid)
     if pending is not None and pending.team_id == caller.team_id:
         secrets = {**pending.secrets, **secrets}
-    runner = await app.place_session()
+    runner = await app.place_session(caller)
     await app.limits.acquire_session(caller.team_id, sid, caller.max_open_sessions)
     try:
         pk = await app.store.session_create(
@@ -122,6 +122,9 @@ async def _record_setup(app: OrsApp, live: LiveSession) -> None:
         await app.store.session_mark_failed(live.pk, str(exc))
         return
     except UnknownSession:
+        return
+    except Exception as exc:  # e.g. Redis went away; requests for the session report it themselves
+        log.warning("could not follow the setup of session %s: %s", live.sid, exc)
         return
     live.ready_at = timezone.now()
 

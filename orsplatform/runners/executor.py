@@ -48,8 +48,8 @@ class Executor(ABC):
     # Whether sessions live outside the gateway process (so any gateway may serve any session).
     shared: bool = False
 
-    async def place(self) -> str:
-        """Choose where a new session runs; the name is recorded on the session."""
+    async def place(self, team: str | None = None) -> str:
+        """Choose where a new session of `team` (a slug) runs; the name is recorded on the session."""
         return "inline"
 
     def attach(self, sid: str, runner: str) -> None:  # noqa: B027 - a no-op unless sessions are shared

@@ -23,7 +23,6 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from typing import Any
@@ -44,6 +43,8 @@ HEARTBEAT_SECONDS = float(os.environ.get("ORS_RUNNER_HEARTBEAT_SECONDS", "1"))
 HEARTBEAT_TTL = float(os.environ.get("ORS_RUNNER_HEARTBEAT_TTL", "5"))
 RESULT_TTL = int(os.environ.get("ORS_RESULT_TTL_SECONDS", "3600"))
 STATE_TTL = int(os.environ.get("ORS_STATE_TTL_SECONDS", "86400"))
+# A node dedicated to one team (its slug) runs only that team's sessions; empty: the shared pool.
+TEAM = os.environ.get("ORS_RUNNER_TEAM", "")
 
 app = Celery("ors-runner", broker=BROKER_URL)
 app.conf.update(
@@ -97,7 +98,8 @@ class Node:
     def heartbeat_forever(self) -> None:
         while not self._stop.is_set():
             try:
-                payload = json.dumps({"sessions": len(self.sessions), "at": time.time(), "pid": os.getpid()})
+                payload = json.dumps({"sessions": len(self.sessions), "at": time.time(), "pid": os.getpid(),
+                                      "team": TEAM})
                 self.redis.set(runner_key(self.hostname), payload, px=int(HEARTBEAT_TTL * 1000))
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
@@ -220,7 +222,3 @@ class _ScrubEnvironment(bootsteps.StartStopStep):
 
 
 app.steps["worker"].add(_ScrubEnvironment)
-
-
-def default_hostname() -> str:
-    return f"runner-{os.getpid()}@{socket.gethostname()}"

@@ -55,8 +55,9 @@ class CeleryExecutor(Executor):
         self._runners: dict[str, str] = {}  # sid -> runner hostname
         self._wakeups: dict[str, set[asyncio.Event]] = {}  # sid or task_id -> its waiters' events
         self._replies: dict[str, asyncio.Future] = {}
-        self._runner_cache: tuple[float, list[tuple[str, int]]] = (0.0, [])
+        self._runner_cache: tuple[float, list[tuple[str, int, str]]] = (0.0, [])
         self._listener: asyncio.Task | None = None
+        self._missing_since: dict[str, float] = {}
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -108,14 +109,17 @@ class CeleryExecutor(Executor):
                 self._wakeups.pop(key, None)
 
     async def _send(self, task: str, runner: str, *args: Any) -> None:
+        queue = worker_direct(runner)
         loop = asyncio.get_running_loop()
+        # Declaring the node's queue with every message: after a broker restart the binding is gone
+        # until the node reconnects, and a message published to an unbound queue would be dropped.
         await loop.run_in_executor(
             self._sender,
-            lambda: self.celery.send_task(task, args=list(args), queue=worker_direct(runner), retry=False),
+            lambda: self.celery.send_task(task, args=list(args), queue=queue, declare=[queue], retry=False),
         )
 
-    async def runners(self) -> list[tuple[str, int]]:
-        """Live runner nodes and their session counts, from their heartbeats (cached 1 s)."""
+    async def runners(self) -> list[tuple[str, int, str]]:
+        """Live runner nodes (name, session count, dedicated team), from heartbeats (cached 1 s)."""
         cached_at, runners = self._runner_cache
         if time.monotonic() - cached_at < 1.0:
             return runners
@@ -125,24 +129,33 @@ class CeleryExecutor(Executor):
         for key, value in zip(keys, values, strict=True):
             if value:
                 name = key.decode().split(":runner:", 1)[1]
-                runners.append((name, int(json.loads(value).get("sessions", 0))))
+                beat = json.loads(value)
+                runners.append((name, int(beat.get("sessions", 0)), beat.get("team", "")))
         self._runner_cache = (time.monotonic(), runners)
         return runners
 
     async def runner_alive(self, runner: str) -> bool:
-        return bool(await self.redis.exists(self._key("runner", runner)))
+        """Whether the node has a heartbeat, or lost it less than ORS_RUNNER_GRACE_SECONDS ago (a
+        restarted Redis loses every heartbeat at once; live nodes write theirs again within a second)."""
+        if await self.redis.exists(self._key("runner", runner)):
+            self._missing_since.pop(runner, None)
+            return True
+        first_missing = self._missing_since.setdefault(runner, time.monotonic())
+        return time.monotonic() - first_missing < settings.ORS_RUNNER_GRACE_SECONDS
 
     # --- Executor -----------------------------------------------------------------------------
 
-    async def place(self) -> str:
+    async def place(self, team: str | None = None) -> str:
         runners = await self.runners()
-        if not runners:
+        # A team's dedicated nodes first (isolation from other tenants), else the shared pool.
+        pool = [r for r in runners if team and r[2] == team] or [r for r in runners if not r[2]]
+        if not pool:
             raise NoRunnerAvailable()
         # Least loaded; the cache lags a second, so count this gateway's own placements too.
-        local = {}
+        local: dict[str, int] = {}
         for runner in self._runners.values():
             local[runner] = local.get(runner, 0) + 1
-        name, _ = min(runners, key=lambda r: (r[1] + local.get(r[0], 0), r[0]))
+        name, _, _ = min(pool, key=lambda r: (r[1] + local.get(r[0], 0), r[0]))
         return name
 
     def attach(self, sid: str, runner: str) -> None:

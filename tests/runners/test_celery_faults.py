@@ -1,0 +1,178 @@
+"""Faults and boundaries of the celery executor, with real processes."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+
+import httpx
+import pytest
+from django.test import Client
+
+from orsplatform.catalog.services import environment_publish
+from orsplatform.episodes.models import Session, ToolCall
+from tests.fixtures.celery import Cluster, wait_until
+from tests.fixtures.ors import parse_sse, sse_result
+
+pytestmark = pytest.mark.e2e
+
+PROBE = textwrap.dedent('''
+    import asyncio
+    import os
+    import sys
+
+    from pydantic import BaseModel
+    from ors import Environment, Split, TextBlock, ToolOutput, tool
+
+    class Nap(BaseModel):
+        seconds: float
+
+    class Probe(Environment):
+        def __init__(self, task_spec=None, secrets=None):
+            super().__init__(task_spec or {}, secrets or {})
+
+        @classmethod
+        def list_splits(cls):
+            return [Split(name="train", type="train")]
+
+        @classmethod
+        def list_tasks(cls, split):
+            return [{"id": 0}]
+
+        def get_prompt(self):
+            return [TextBlock(text="probe")]
+
+        @tool
+        async def nap(self, params: Nap) -> ToolOutput:
+            """Sleeps."""
+            await asyncio.sleep(params.seconds)
+            return ToolOutput(blocks=[TextBlock(text="rested")], reward=1.0)
+
+        @tool
+        def surroundings(self) -> ToolOutput:
+            """What this process can see of the platform."""
+            seen = {"env": sorted(os.environ), "django_loaded": "django.conf" in sys.modules}
+            try:
+                from django.conf import settings
+                seen["secret_key"] = bool(settings.SECRET_KEY)
+            except Exception as exc:
+                seen["secret_key_error"] = type(exc).__name__
+            return ToolOutput(blocks=[TextBlock(text="ok")], metadata=seen)
+''')
+
+
+@pytest.fixture
+def probe(owner, tmp_path):
+    package = tmp_path / "probe-pkg"
+    package.mkdir()
+    (package / "env.py").write_text(PROBE)
+    (package / "manifest.toml").write_text(
+        'name = "probe"\nentrypoint = "env:Probe"\nvisibility = "private"\ntool_timeout_seconds = 1\n')
+    environment_publish(team=owner.team, source_dir=package)
+    return "acme/probe"
+
+
+def open_session(base: str, person, env: str) -> str:
+    sid = httpx.post(f"{base}/create_session", headers=person.headers).json()["sid"]
+    r = httpx.post(f"{base}/{env}/create", headers={**person.headers, "X-Session-ID": sid},
+                   json={"split": "train", "index": 0}, timeout=30)
+    assert r.status_code == 200, r.text
+    return sid
+
+
+def call(base: str, person, sid: str, env: str, name: str, tool_input: dict, timeout: float = 30) -> httpx.Response:
+    return httpx.post(f"{base}/{env}/call", headers={**person.headers, "X-Session-ID": sid},
+                      json={"name": name, "input": tool_input}, timeout=timeout)
+
+
+def test_a_tool_over_its_timeout_answers_a_timeout_and_the_session_stays_usable(cluster, server_factory, owner, probe):
+    cluster.start_runner()
+    gateway = server_factory(**cluster.env())
+    sid = open_session(gateway.url, owner, probe)
+    result = sse_result(call(gateway.url, owner, sid, probe, "nap", {"seconds": 5}).text)
+    assert result["ok"] is False and result["reason"] == "timeout"
+    result = sse_result(call(gateway.url, owner, sid, probe, "nap", {"seconds": 0}).text)
+    assert result["ok"] is True and result["output"]["reward"] == 1.0
+
+
+def test_a_runner_that_never_answers_ends_the_call_with_an_error_within_the_bound(cluster, server_factory, owner, probe):
+    runner = cluster.start_runner()
+    cluster.start_platform_worker()
+    gateway = server_factory(**cluster.env())
+    sid = open_session(gateway.url, owner, probe)
+    assert call(gateway.url, owner, sid, probe, "nap", {"seconds": 0}).status_code == 200
+    events: list = []
+    thread = threading.Thread(target=lambda: events.extend(
+        parse_sse(call(gateway.url, owner, sid, probe, "nap", {"seconds": 0.9}, timeout=60).text)))
+    cluster.freeze_runner(runner)
+    frozen_at = time.monotonic()
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert time.monotonic() - frozen_at < 15
+    assert [e for e, _ in events if e != ":"][-1] == "error"
+    wait_until(lambda: Session.objects.get(sid=sid).status == "lost", 20, "session marked lost")
+
+
+def test_a_teams_dedicated_runners_take_only_its_sessions(cluster, server_factory, owner, outsider):
+    shared = cluster.start_runner()
+    dedicated = cluster.start_runner(team="acme")
+    gateway = server_factory(**cluster.env())
+    mine = [open_session(gateway.url, owner, "math") for _ in range(3)]
+    theirs = [open_session(gateway.url, outsider, "math") for _ in range(3)]
+    assert {Session.objects.get(sid=s).runner for s in mine} == {dedicated}
+    assert {Session.objects.get(sid=s).runner for s in theirs} == {shared}
+
+
+def test_runner_nodes_hold_no_platform_credentials(cluster, server_factory, owner, probe):
+    cluster.start_runner()
+    gateway = server_factory(**cluster.env(SECRET_KEY="platform-secret-key-canary"))
+    sid = open_session(gateway.url, owner, probe)
+    seen = sse_result(call(gateway.url, owner, sid, probe, "surroundings", {}).text)["output"]["metadata"]
+    assert not {"DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"} & set(seen["env"])
+    assert "secret_key" not in seen  # Django settings are not configured in a runner
+
+
+def test_a_broker_restart_fails_requests_fast_and_recovers_without_a_restart(live_db, tmp_path, private_redis,
+                                                                               server_factory, owner):
+    cluster = Cluster(tmp=tmp_path, redis_url=private_redis.url)
+    try:
+        cluster.start_runner()
+        gateway = server_factory(**cluster.env())
+        sid = open_session(gateway.url, owner, "math")
+        assert sse_result(call(gateway.url, owner, sid, "math", "submit", {"answer": "1"}).text)["ok"]
+
+        private_redis.stop()
+        started = time.monotonic()
+        new_sid = httpx.post(f"{gateway.url}/create_session", headers=owner.headers).json()["sid"]
+        r = httpx.post(f"{gateway.url}/create", headers={**owner.headers, "X-Session-ID": new_sid},
+                       json={"split": "train", "index": 1}, timeout=30)
+        assert r.status_code == 503 and "Retry-After" in r.headers, r.text
+        assert time.monotonic() - started < 10
+        assert not Session.objects.filter(sid=new_sid).exists()
+
+        private_redis.start()  # same port, empty: the runner and the gateway reconnect by themselves
+
+        def create_works() -> bool:
+            r = httpx.post(f"{gateway.url}/create", headers={**owner.headers, "X-Session-ID": new_sid},
+                           json={"split": "train", "index": 1}, timeout=30)
+            return r.status_code == 200
+
+        wait_until(create_works, 60, "create works again after the broker came back", interval=0.5)
+        r = call(gateway.url, owner, new_sid, "math", "submit", {"answer": "1"})
+        assert sse_result(r.text)["ok"]
+        assert ToolCall.objects.filter(session__sid=new_sid).count() == 1
+    finally:
+        cluster.stop()
+
+
+def test_readiness_requires_a_live_runner_with_the_celery_executor(cluster, settings):
+    settings.ORS_EXECUTOR = "celery"
+    settings.REDIS_URL = cluster.redis_url
+    settings.ORS_REDIS_PREFIX = cluster.prefix
+    r = Client().get("/ready")
+    assert r.status_code == 503 and r.json()["runners"] == "none"
+    cluster.start_runner()
+    r = Client().get("/ready")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "database": "ok", "broker": "ok", "runners": "1 live"}
