@@ -91,13 +91,14 @@ def seed(args) -> dict:
             " total_reward, finished, prompt) FROM STDIN"
         ) as copy_sessions:
             session_rows = []
-            for i in range(1, args.sessions + 1):
+            # Ids grow with time, as on a live gateway (the rollup folds in id order).
+            created_times = sorted(start + timedelta(seconds=rng.random() * span_s) for _ in range(args.sessions))
+            for i, created in enumerate(created_times, start=1):
                 r = rng.random()
                 slug = "acme" if r < share["acme"] else ("globex" if r < share["acme"] + share["globex"] else "initech")
                 # Half of acme's sessions on one environment: its page is the heaviest.
                 env, versions = envs[slug][0] if rng.random() < 0.5 else rng.choice(envs[slug][1:])
                 version = rng.choice(versions)
-                created = start + timedelta(seconds=rng.random() * span_s)
                 is_open = created > now - timedelta(minutes=30) and rng.random() < 0.5
                 ncalls = max(1, min(int(2 * mean_calls) - 1, int(rng.expovariate(1 / mean_calls)) + 1))
                 split, index = ("train", rng.randrange(2000)) if rng.random() < 0.8 else ("test", rng.randrange(300))

@@ -109,12 +109,19 @@ class OrsClient:
         self, http: aiohttp.ClientSession, base_url: str, env: str, api_key: str | None, recorder: Recorder
     ) -> None:
         self.http = http
-        self.base_url = base_url.rstrip("/")
+        # Several comma-separated base URLs: requests rotate over them with no stickiness, so one
+        # episode is served by several gateways (the celery executor's shared sessions).
+        self.base_urls = [u.rstrip("/") for u in base_url.split(",") if u.strip()]
+        self._turn = 0
         self.env = env
         self.recorder = recorder
         self.headers: dict[str, str] = {"Content-Type": "application/json"}
         if api_key:
             self.headers["X-API-Key"] = api_key
+
+    def _url(self, path: str) -> str:
+        self._turn += 1
+        return self.base_urls[self._turn % len(self.base_urls)] + path
 
     def _session_headers(self, sid: str, sse: bool = False) -> dict[str, str]:
         headers = {**self.headers, "X-Session-ID": sid}
@@ -160,7 +167,7 @@ class OrsClient:
     ) -> Any:
         started = time.perf_counter()
         try:
-            async with self.http.request(method, self.base_url + path, headers=headers, data=body) as resp:
+            async with self.http.request(method, self._url(path), headers=headers, data=body) as resp:
                 raw = await resp.read()
                 finished = time.perf_counter()
                 if resp.status >= 300:
@@ -180,7 +187,7 @@ class OrsClient:
         started = time.perf_counter()
         events: list[tuple[str, str]] = []
         try:
-            async with self.http.post(self.base_url + path, headers=headers, data=body) as resp:
+            async with self.http.post(self._url(path), headers=headers, data=body) as resp:
                 if resp.status >= 300:
                     raw = await resp.read()
                     raise EpisodeError(endpoint, str(resp.status), raw[:200].decode(errors="replace"))
@@ -353,7 +360,7 @@ async def run_load(
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         stop = INDEX_MODE_TASKS if task_mode == "index" else SPEC_MODE_TASKS
-        tasks = await fetch_tasks(http, base_url, env, api_key, stop)
+        tasks = await fetch_tasks(http, base_url.split(",")[0], env, api_key, stop)
         plan = TaskPlan(plan_tasks(tasks, env, task_mode, answer))
 
         measure_start = time.perf_counter() + warmup

@@ -157,7 +157,8 @@ CELERY_BEAT_SCHEDULE: dict = {
                            "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
     "fail-lost-runners": {"task": "orsplatform.episodes.tasks.fail_lost_runners",
                           "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
-    "finish-orphaned-calls": {"task": "orsplatform.episodes.tasks.finish_orphaned_calls", "schedule": 30.0},
+    "finish-orphaned-calls": {"task": "orsplatform.episodes.tasks.finish_orphaned_calls",
+                              "schedule": env_float("ORS_SWEEP_EVERY_SECONDS", 30.0)},
     # Folds new tool calls into the analytics rollups (bounded batches; a backlog re-queues itself).
     "analytics-rollup": {"task": "analytics.rollup_tool_calls", "schedule": 30.0},
 }
@@ -182,6 +183,9 @@ ORS_SESSION_CACHE_SECONDS = env_float("ORS_SESSION_CACHE_SECONDS", 1.0)
 ORS_RUNNER_POLL_SECONDS = env_float("ORS_RUNNER_POLL_SECONDS", 1.0)
 ORS_RUNNER_REPLY_TIMEOUT_SECONDS = env_float("ORS_RUNNER_REPLY_TIMEOUT_SECONDS", 60.0)
 ORS_RUNNER_GRACE_SECONDS = env_float("ORS_RUNNER_GRACE_SECONDS", 2.0)
+ORS_RESULT_TTL_SECONDS = env_float("ORS_RESULT_TTL_SECONDS", 3600.0)  # runners' results kept in Redis
+# A running call whose gateway has not recorded it after this long is recorded by the sweeper.
+ORS_ORPHAN_AFTER_SECONDS = env_float("ORS_ORPHAN_AFTER_SECONDS", 30.0)
 ORS_MAX_BODY_BYTES = env_int("ORS_MAX_BODY_BYTES", 10 * 1024 * 1024)
 ORS_MAX_HEADER_BYTES = env_int("ORS_MAX_HEADER_BYTES", 16 * 1024)
 ORS_MAX_LIST_TASKS = env_int("ORS_MAX_LIST_TASKS", 100_000)

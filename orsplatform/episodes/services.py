@@ -108,12 +108,6 @@ class SessionTotals:
     finished: bool
 
 
-def tool_call_start(*, session_pk: int, task_id: str, name: str, input: Any, started_at: datetime) -> None:
-    """Record a call as running (the celery executor: another gateway may be asked for it)."""
-    ToolCall.objects.create(session_id=session_pk, task_id=task_id, name=name[:200], input=input,
-                            status=ToolCall.Status.RUNNING, started_at=started_at)
-
-
 def tool_call_record(**row: Any) -> None:
     """Write one finished call to the audit log (see tool_calls_record)."""
     tool_calls_record(rows=[row])
@@ -191,25 +185,7 @@ def sessions_mark_lost(*, runner: str, limit: int) -> int:
     return len(pks)
 
 
-def tool_calls_running(*, started_before: datetime, limit: int) -> list[tuple[str, str]]:
-    """(task_id, runner) of calls still marked running that started before the cutoff."""
-    return list(ToolCall.objects.filter(status=ToolCall.Status.RUNNING, started_at__lt=started_before)
-                .values_list("task_id", "session__runner")[:limit])
+def tool_call_exists(*, task_id: str) -> bool:
+    return ToolCall.objects.filter(task_id=task_id).exists()
 
 
-def tool_calls_complete_from_runner(*, rows: list[dict[str, Any]]) -> None:
-    """Record results that runners left in Redis for calls still marked running."""
-    for r in rows:
-        call = ToolCall.objects.filter(task_id=r["task_id"], status=ToolCall.Status.RUNNING).first()
-        if call is None:
-            continue
-        result = r.get("result")
-        ok = bool(result and result.get("ok"))
-        output = (result or {}).get("output") or {}
-        call.output = result
-        call.status = ToolCall.Status.OK if ok else ToolCall.Status.ERROR
-        call.reward = output.get("reward") if ok else None
-        call.finished = bool(output.get("finished")) if ok else False
-        call.error = (r.get("exception") or ("" if ok else (result or {}).get("error", "")))[:4000]
-        call.finished_at = timezone.now()
-        call.save(update_fields=["output", "status", "reward", "finished", "error", "finished_at"])

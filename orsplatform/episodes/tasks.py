@@ -63,16 +63,43 @@ def fail_lost_runners() -> int:
 
 @shared_task(name="orsplatform.episodes.tasks.finish_orphaned_calls")
 def finish_orphaned_calls() -> int:
-    """Calls whose gateway went away before recording the result: the runner left it in Redis."""
+    """Record calls whose gateway went away before writing their audit row. A gateway keeps a
+    marker in Redis while a call runs and removes it once the row is written; a marker older than
+    ORS_ORPHAN_AFTER_SECONDS is recorded from the result its runner left (or as an error when the
+    runner is gone too)."""
+    from datetime import datetime
+
     client = _redis()
-    started_before = timezone.now() - timedelta(seconds=30)
-    rows = []
-    for task_id, _runner in services.tool_calls_running(started_before=started_before, limit=BATCH):
-        raw = client.get(_key("result", task_id))
+    now = timezone.now()
+    recorded = 0
+    for key in client.scan_iter(match=_key("call", "*"), count=1000):
+        raw = client.get(key)
         if raw is None:
             continue
-        payload = json.loads(raw)
-        rows.append({"task_id": task_id, **payload})
-    if rows:
-        services.tool_calls_complete_from_runner(rows=rows)
-    return len(rows)
+        marker = json.loads(raw)
+        task_id = key.decode().rsplit(":", 1)[1]
+        if services.tool_call_exists(task_id=task_id):
+            client.delete(key)
+            continue
+        started_at = datetime.fromisoformat(marker["started_at"])
+        if (now - started_at).total_seconds() < settings.ORS_ORPHAN_AFTER_SECONDS:
+            continue
+        result_raw = client.get(_key("result", task_id))
+        if result_raw is not None:
+            payload = json.loads(result_raw)
+            result, exception = payload.get("result"), payload.get("exception")
+        elif not client.exists(_key("runner", marker.get("runner", ""))):
+            result, exception = None, "Runner lost: the node holding this session stopped."
+        else:
+            continue  # still running on a live runner
+        services.tool_calls_record(rows=[{
+            "session_pk": marker["session_pk"], "task_id": task_id, "name": marker["name"],
+            "input": marker["input"], "result": result, "exception": exception,
+            "started_at": started_at, "finished_at": now,
+        }])
+        client.delete(key)
+        recorded += 1
+        if recorded >= BATCH:
+            finish_orphaned_calls.delay()
+            break
+    return recorded

@@ -57,10 +57,11 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
     # Whatever happens below, the waiting stream must end: `done` is set in the finally.
     try:
         started_at = timezone.now()
-        if app.executor.shared:
-            # Other gateways may be asked to reconnect to this call: it must be findable while it runs.
-            await app.store.tool_call_start(session_pk=live.pk, task_id=entry.task_id, name=name,
-                                            input=redact(tool_input, live.secrets), started_at=started_at)
+        # Shared executors keep the running call findable by other gateways (reconnects) and by
+        # the sweeper that records it should this gateway die; the audit row is written once, below.
+        await app.executor.note_call(entry.task_id, {
+            "sid": live.sid, "session_pk": live.pk, "name": name, "input": redact(tool_input, live.secrets),
+            "started_at": started_at.isoformat()})
         outcome = await _execute(app, live, name, tool_input, entry.task_id)
         live.count_call(outcome.result)
         try:
@@ -71,6 +72,8 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
             )
         except Exception:
             log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
+        else:
+            await app.executor.forget_call(entry.task_id)
         entry.result_json, entry.exception = _encode(outcome)
     except Exception as exc:
         log.exception("tool call %s of session %s failed in the platform", entry.task_id, live.sid)
@@ -103,13 +106,15 @@ def _encode(outcome: CallOutcome) -> tuple[str | None, str | None]:
 async def _entry_from_audit(app: OrsApp, live: LiveSession, task_id: str) -> CallEntry | None:
     row = await app.store.tool_call_result(live.pk, task_id)
     if row is None:
-        return None
-    status, result, error = row
-    entry = CallEntry(task_id=task_id)
-    if status == ToolCall.Status.RUNNING and app.executor.shared:
-        # Started on another gateway: wait for the runner's result like that gateway does.
+        running = await app.executor.call_record(task_id)
+        if running is None or running.get("sid") != live.sid:
+            return None
+        # Still running, started on another gateway: wait for the runner's result like it does.
+        entry = CallEntry(task_id=task_id)
         entry.task = app.spawn(_follow(app, live, entry))
         return entry
+    status, result, error = row
+    entry = CallEntry(task_id=task_id)
     if status == ToolCall.Status.RUNNING:
         entry.exception = "The call was interrupted."
     elif result is not None:

@@ -249,9 +249,6 @@ class Store:
     async def session_discard(self, pk: int) -> None:
         await self.writes.submit(episode_services.session_discard, pk=pk)
 
-    async def tool_call_start(self, **kwargs: Any) -> None:
-        await self.writes.submit(episode_services.tool_call_start, **kwargs)
-
     async def session_mark_failed(self, pk: int, error: str) -> None:
         await self.writes.submit(episode_services.session_mark_failed, pk=pk, error=error)
 

@@ -76,6 +76,17 @@ class Executor(ABC):
         """Run one tool call; calls of one session run one at a time, and none after a call
         returned finished=True (those answer ok=false, reason episode_finished)."""
 
+    async def note_call(self, task_id: str, record: dict) -> None:
+        """Remember a call while it runs (shared executors: so another gateway can follow it, and a
+        sweeper can record it if this gateway dies); `record` is its (redacted) audit data."""
+
+    async def forget_call(self, task_id: str) -> None:
+        """The call's audit row is written; drop what note_call kept."""
+
+    async def call_record(self, task_id: str) -> dict | None:
+        """What note_call kept for a call still running somewhere (shared executors)."""
+        return None
+
     @abstractmethod
     async def stop(self, sid: str) -> None:
         """Tear the instance down (teardown()); a no-op for an unknown session."""

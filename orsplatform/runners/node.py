@@ -142,7 +142,8 @@ async def _setup(spec: SessionSpec, gateway: str) -> None:
     except UnknownSession:
         state = {"state": "gone"}
     node.redis.set(state_key(spec.sid), json.dumps(state), ex=STATE_TTL)
-    node.publish(gateway, {"kind": "state", "sid": spec.sid, **state})
+    # Broadcast: any gateway may be waiting for this session's setup, not only the creator.
+    node.redis.publish(f"{PREFIX}:sessions", json.dumps({"kind": "state", "sid": spec.sid, **state}))
 
 
 async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:

@@ -74,7 +74,9 @@ class CeleryExecutor(Executor):
         while True:
             try:
                 pubsub = self.redis.pubsub()
-                await pubsub.subscribe(self._key("gw", self.gateway))
+                # This gateway's own channel (replies, its calls) and the broadcast of session states,
+                # since a session's setup may be awaited by any gateway.
+                await pubsub.subscribe(self._key("gw", self.gateway), f"{self.prefix}:sessions")
                 ready.set()
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
@@ -247,6 +249,18 @@ class CeleryExecutor(Executor):
             return await self._await_result(task_id, runner, timeout, event)
         finally:
             self._unwatch(task_id, event)
+
+    async def note_call(self, task_id: str, record: dict) -> None:
+        record = {**record, "runner": self._runners.get(record.get("sid", ""), ""), "gateway": self.gateway}
+        await self.redis.set(self._key("call", task_id), json.dumps(record),
+                             ex=int(settings.ORS_RESULT_TTL_SECONDS))
+
+    async def forget_call(self, task_id: str) -> None:
+        await self.redis.delete(self._key("call", task_id))
+
+    async def call_record(self, task_id: str) -> dict | None:
+        raw = await self.redis.get(self._key("call", task_id))
+        return json.loads(raw) if raw else None
 
     async def result(self, task_id: str) -> dict | None:
         """A finished call's result as the runner left it (None while it runs)."""

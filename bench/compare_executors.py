@@ -1,0 +1,144 @@
+"""The celery executor next to the inline one and the reference server, in one run.
+
+    cd /work/main && .venv/bin/python bench/compare_executors.py --concurrency 16 --duration 20
+
+Three sides, one after the other, each alone on the machine: the reference `ors.Server` hosting
+envs/math; the platform with the inline executor (one uvicorn gateway); the platform with the
+celery executor (two uvicorn gateways, requests rotating between them with no stickiness, two
+runner nodes). PostgreSQL (a throwaway database) and Redis (a throwaway key prefix) are used for
+both platform sides. Prints the three tables, then episodes/s and /call p50 side by side with the
+celery-minus-inline p50 difference (target: at most 3 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+try:
+    from compare import (
+        ROOT,
+        LoadConfig,
+        SetupError,
+        bench_reference,
+        free_port,
+        measure,
+        platform_command,
+        platform_env,
+        postgres_database,
+        prepare_platform,
+        server_process,
+        stop_process,
+    )
+    from loadgen import format_table, install_fast_loop
+except ImportError:  # pragma: no cover
+    from bench.compare import (ROOT, LoadConfig, SetupError, bench_reference, free_port, measure,  # noqa: I001
+                               platform_command, platform_env, postgres_database, prepare_platform,
+                               server_process, stop_process)
+    from bench.loadgen import format_table, install_fast_loop
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def start_runner(name: str, prefix: str, workdir: Path) -> subprocess.Popen:
+    environ = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
+    environ.update(REDIS_URL=REDIS_URL, CELERY_BROKER_URL=REDIS_URL, ORS_REDIS_PREFIX=prefix)
+    log = (workdir / f"{name}.log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "orsplatform.runners.node", "worker", "--pool", "threads",
+         "--concurrency", "8", "--hostname", f"{name}@{prefix}", "--loglevel", "warning",
+         "--without-mingle", "--without-gossip"],
+        cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def wait_for_runners(prefix: str, count: int, timeout: float = 60) -> None:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(list(client.scan_iter(match=f"{prefix}:runner:*"))) >= count:
+            return
+        time.sleep(0.1)  # polling interval while waiting on the heartbeats
+    raise SetupError(f"{count} runner heartbeats did not appear within {timeout:g}s")
+
+
+def bench_inline(database_url: str, load: LoadConfig, workdir: Path) -> dict[str, Any]:
+    env = platform_env(database_url)
+    key = prepare_platform(env)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with server_process("inline gateway", platform_command("uvicorn", port), env, url,
+                        workdir / "inline.log", 60):
+        return measure("platform, inline executor", url, key, load)
+
+
+def bench_celery(database_url: str, load: LoadConfig, workdir: Path, gateways: int, runners: int) -> dict[str, Any]:
+    prefix = f"orsbench-{secrets.token_hex(4)}"
+    env = {**platform_env(database_url), "ORS_EXECUTOR": "celery", "REDIS_URL": REDIS_URL,
+           "CELERY_BROKER_URL": REDIS_URL, "ORS_REDIS_PREFIX": prefix, "CELERY_TASK_ALWAYS_EAGER": "false"}
+    key = prepare_platform(env)
+    nodes = [start_runner(f"runner{i}", prefix, workdir) for i in range(runners)]
+    try:
+        wait_for_runners(prefix, runners)
+        with contextlib.ExitStack() as stack:
+            urls = []
+            for i in range(gateways):
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
+                stack.enter_context(server_process(f"celery gateway {i}", platform_command("uvicorn", port), env,
+                                                   url, workdir / f"gateway{i}.log", 60))
+                urls.append(url)
+            return measure(f"platform, celery executor ({gateways} gateways, {runners} runners)",
+                           ",".join(urls), key, load)
+    finally:
+        for node in nodes:
+            stop_process(node)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=20)
+    parser.add_argument("--warmup", type=float, default=3)
+    parser.add_argument("--gateways", type=int, default=2)
+    parser.add_argument("--runners", type=int, default=2)
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args(argv)
+    install_fast_loop()
+    load = LoadConfig(env="math", concurrency=args.concurrency, duration=args.duration, warmup=args.warmup,
+                      task_mode="index", answer="correct")
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="orsbench-") as tmp:
+        workdir = Path(tmp)
+        results["reference"] = bench_reference(ROOT / "envs" / "math" / "env.py", load, workdir, 60)
+        with postgres_database() as database_url:
+            results["inline"] = bench_inline(database_url, load, workdir)
+        with postgres_database() as database_url:
+            results["celery"] = bench_celery(database_url, load, workdir, args.gateways, args.runners)
+    for name, result in results.items():
+        print(format_table(result, title=name))
+    print("== side by side ==")
+    print(f"{'side':<10} {'episodes/s':>11} {'call p50 ms':>12} {'call p99 ms':>12} {'errors':>7}")
+    for name, result in results.items():
+        call = result["endpoints"].get("call", {})
+        print(f"{name:<10} {result['episodes_per_s']:>11.1f} {call.get('p50_ms', 0):>12.2f} "
+              f"{call.get('p99_ms', 0):>12.2f} {result['errors']:>7}")
+    diff = results["celery"]["endpoints"]["call"]["p50_ms"] - results["inline"]["endpoints"]["call"]["p50_ms"]
+    print(f"celery - inline /call p50: {diff:+.2f} ms (target <= +3 ms)")
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
