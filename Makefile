@@ -6,7 +6,7 @@ PORT ?= 8000
 HOST ?= 127.0.0.1
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install migrate publish devkey bench bench-postgres lint clean up
+.PHONY: run test install migrate publish devkey bench bench-postgres lint clean up down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ lint: install
 
 up:
 	docker compose -f docker/compose.yml up --build
+
+# compose.yml requires SECRET_KEY even to stop the stack; any value does for `down`.
+down:
+	SECRET_KEY="$${SECRET_KEY:-unused}" docker compose -f docker/compose.yml down
 
 clean:
 	rm -rf var .pytest_cache

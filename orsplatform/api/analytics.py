@@ -43,7 +43,7 @@ def _bad(exc: DjangoValidationError) -> ValidationError:
 class AnalyticsOverviewView(APIView):
     permission_classes = [TeamAccess]
 
-    @extend_schema(parameters=WINDOW_PARAMETERS, responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="analytics_overview", parameters=WINDOW_PARAMETERS, responses=OpenApiTypes.OBJECT)
     def get(self, request):
         try:
             window = parse_window(request.query_params)
@@ -55,7 +55,8 @@ class AnalyticsOverviewView(APIView):
 class AnalyticsEnvironmentView(APIView):
     permission_classes = [TeamAccess]
 
-    @extend_schema(parameters=[*WINDOW_PARAMETERS, OpenApiParameter("version", int)], responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="analytics_environment", parameters=[*WINDOW_PARAMETERS, OpenApiParameter("version", int)],
+                   responses=OpenApiTypes.OBJECT)
     def get(self, request, team: str, slug: str):
         team_obj = _team(request)
         env = selectors.environment_for_report(team=team_obj, env_team=team, env_slug=slug)
@@ -77,7 +78,8 @@ class AnalyticsEnvironmentView(APIView):
 class AnalyticsSessionListView(APIView):
     permission_classes = [TeamAccess]
 
-    @extend_schema(parameters=[*SESSION_PARAMETERS, OpenApiParameter("page", int)], responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="analytics_sessions_list", parameters=[*SESSION_PARAMETERS, OpenApiParameter("page", int)],
+                   responses=OpenApiTypes.OBJECT)
     def get(self, request):
         team_obj = _team(request)
         try:
@@ -91,7 +93,7 @@ class AnalyticsSessionListView(APIView):
 class AnalyticsSessionDetailView(APIView):
     permission_classes = [TeamAccess]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="analytics_session", responses=OpenApiTypes.OBJECT)
     def get(self, request, sid: str):
         trajectory = selectors.session_trajectory(team=_team(request), sid=sid)
         if trajectory is None:
@@ -103,7 +105,6 @@ class _ExportView(APIView):
     permission_classes = [TeamAccess]
     writer = staticmethod(export.jsonl_response)
 
-    @extend_schema(parameters=SESSION_PARAMETERS, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
     def get(self, request):
         team_obj = _team(request)
         try:
@@ -119,8 +120,18 @@ class AnalyticsExportJsonlView(_ExportView):
 
     writer = staticmethod(export.jsonl_response)
 
+    @extend_schema(operation_id="analytics_export_jsonl", parameters=SESSION_PARAMETERS,
+                   responses={(200, "application/x-ndjson"): OpenApiTypes.BINARY})
+    def get(self, request):
+        return super().get(request)
+
 
 class AnalyticsExportParquetView(_ExportView):
     """The JSONL export's records as a Parquet file (JSON-valued fields as JSON text)."""
 
     writer = staticmethod(export.parquet_response)
+
+    @extend_schema(operation_id="analytics_export_parquet", parameters=SESSION_PARAMETERS,
+                   responses={(200, "application/vnd.apache.parquet"): OpenApiTypes.BINARY})
+    def get(self, request):
+        return super().get(request)

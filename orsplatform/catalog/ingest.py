@@ -274,9 +274,9 @@ def _copy_text(text: bytes) -> bytes:
 
 class TaskWriter:
     """Appends tasks to a split in batches, inside the caller's transaction. A context manager: on
-    PostgreSQL one COPY stays open for the whole file, fed a batch at a time from a background thread
-    (psycopg's queued writer), so reading and parsing overlap with the server's work; leaving the block
-    with an exception aborts the COPY."""
+    PostgreSQL one COPY stays open for the whole file and is fed a batch at a time, so the server works
+    while the next batch is parsed (and memory stays bounded: a write blocks while the socket is full);
+    leaving the block with an exception aborts the COPY."""
 
     def __init__(self, split_id: int, start_index: int) -> None:
         self.split_id = split_id
@@ -307,12 +307,10 @@ class TaskWriter:
         table = Task._meta.db_table
         if self.postgres:
             if self._copy is None:
-                from psycopg.copy import QueuedLibpqWriter
-
                 # Django's own connection, so the COPY is part of the caller's transaction.
                 cursor = self._stack.enter_context(connection.cursor()).cursor
                 self._copy = self._stack.enter_context(cursor.copy(
-                    f'COPY {table} (split_id, "index", spec) FROM STDIN', writer=QueuedLibpqWriter(cursor)))
+                    f'COPY {table} (split_id, "index", spec) FROM STDIN'))
             prefix = f"{self.split_id}\t".encode()
             self._copy.write(b"".join(
                 b"%s%d\t%s\n" % (prefix, self.next_index + offset, _copy_text(text))

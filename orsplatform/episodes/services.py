@@ -5,8 +5,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Exists, OuterRef, Subquery, Sum
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from orsplatform.episodes.models import Session, ToolCall
@@ -65,6 +63,15 @@ _END_SQL = (
 )
 
 
+_TOTALS_SQL = (
+    "UPDATE episodes_session SET"
+    " calls = (SELECT COUNT(*) FROM episodes_toolcall WHERE session_id = %s),"
+    " total_reward = (SELECT SUM(reward) FROM episodes_toolcall WHERE session_id = %s),"
+    " finished = EXISTS(SELECT 1 FROM episodes_toolcall WHERE session_id = %s AND finished)"
+    " WHERE id = %s"
+)
+
+
 def sessions_end(*, rows: list[dict[str, Any]]) -> None:
     """Close episodes. Each row: pk, status, and optionally last_activity_at, ready_at and totals.
     The gateway keeps the running totals in memory and writes them here, so a tool call costs one
@@ -82,15 +89,11 @@ def sessions_end(*, rows: list[dict[str, Any]]) -> None:
     with connection.cursor() as cursor:
         cursor.executemany(_END_SQL, params)
     # Sessions served by several gateways (the celery executor) have no in-memory totals: sum the
-    # audit log instead.
-    without_totals = [r["pk"] for r in rows if r.get("totals") is None]
+    # audit log instead (an index lookup on the session's calls).
+    without_totals = [(r["pk"],) * 4 for r in rows if r.get("totals") is None]
     if without_totals:
-        calls = ToolCall.objects.filter(session=OuterRef("pk"))
-        Session.objects.filter(pk__in=without_totals).update(
-            calls=Coalesce(Subquery(calls.values("session").annotate(n=Count("id")).values("n")), 0),
-            total_reward=Subquery(calls.values("session").annotate(r=Sum("reward")).values("r")),
-            finished=Exists(calls.filter(finished=True)),
-        )
+        with connection.cursor() as cursor:
+            cursor.executemany(_TOTALS_SQL, without_totals)
 
 
 def sessions_touch(*, activity: dict[int, tuple[datetime, datetime | None]]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,12 +22,15 @@ from orsplatform.ors import calls, discovery, episodes
 from orsplatform.ors.http import HttpError, Request, read_body, send_error, send_json
 from orsplatform.ors.limits import Limits
 from orsplatform.ors.sessions import LiveSession, PendingSid
-from orsplatform.ors.store import Store, StoreUnavailable
+from orsplatform.ors.store import Store, StoreUnavailable, Unstorable
 from orsplatform.ors.wire import require_sid
 from orsplatform.runners.executor import Executor, SetupFailed, SetupPending, UnknownSession
 from orsplatform.teams.auth import ANONYMOUS, AuthError, Caller, extract_token
 
 log = logging.getLogger("orsplatform.ors")
+
+# team/slug@N as a client may write it; anything else names no environment (and never reaches SQL).
+ENV_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}(/[A-Za-z0-9][A-Za-z0-9._-]{0,62})?(@[0-9]{1,9})?$")
 
 Handler = Callable[["OrsApp", Request, Caller, str | None], Awaitable[Any]]
 
@@ -100,6 +104,10 @@ class OrsApp:
         except HttpError as exc:
             if not req.started:
                 await send_error(send, exc)
+        except Unstorable:
+            if not req.started:
+                await send_error(send, HttpError(400, "The request holds a value that cannot be stored "
+                                                      "(such as a NUL character)."))
         except UNAVAILABLE as exc:
             log.warning("backing service unavailable: %s: %s", type(exc).__name__, exc)
             if not req.started:
@@ -156,13 +164,14 @@ class OrsApp:
         environment, then the configured default."""
         deployment = req.header(b"x-deployment")
         if deployment is not None and deployment.strip():
-            env = await self.store.environment(caller, deployment.strip())
+            env = await self.store.environment(caller, deployment.strip()) if ENV_REF_RE.match(
+                deployment.strip()) else None
             if env is None:
                 raise HttpError(404, "Deployment not found.")
             return env
         for ref in (env_ref, body_env):
             if ref:
-                env = await self.store.environment(caller, ref)
+                env = await self.store.environment(caller, ref) if ENV_REF_RE.match(ref) else None
                 if env is None:
                     raise HttpError(404, f"Environment {ref!r} not found.")
                 return env

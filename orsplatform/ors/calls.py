@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("orsplatform.ors")
 CHUNK = 4096
+TASK_ID_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 
 
 async def call(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
@@ -37,7 +39,8 @@ async def call(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -
     body = req.json()
     task_id = optional_str(body, "task_id")
     if task_id is not None:
-        entry = live.calls.get(task_id) or await _entry_from_audit(app, live, task_id)
+        entry = live.calls.get(task_id) or (
+            await _entry_from_audit(app, live, task_id) if TASK_ID_RE.match(task_id) else None)
         await _stream(req, entry, task_id)
         return None
     name = require_str(body, "name")
@@ -66,9 +69,9 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
         live.count_call(outcome.result)
         try:
             await app.store.tool_call_record(
-                session_pk=live.pk, task_id=entry.task_id, name=name, input=redact(tool_input, live.secrets),
-                result=redact(outcome.result, live.secrets), exception=outcome.exception,
-                started_at=started_at, finished_at=timezone.now(),
+                session_pk=live.pk, task_id=entry.task_id, name=storable(name),
+                input=storable(redact(tool_input, live.secrets)), result=storable(redact(outcome.result, live.secrets)),
+                exception=storable(outcome.exception), started_at=started_at, finished_at=timezone.now(),
             )
         except Exception:
             log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
@@ -95,6 +98,18 @@ async def _execute(app: OrsApp, live: LiveSession, name: str, tool_input: dict, 
         # e.g. a lone surrogate in a text block: the result cannot go on the wire or in the log.
         return CallOutcome(exception=f"The tool's result is not valid JSON: {exc}")
     return outcome
+
+
+def storable(value: Any) -> Any:
+    """The audit log's copy without NUL characters, which PostgreSQL cannot store in text or JSON
+    (the client still gets the result exactly as the environment produced it)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    return value
 
 
 def _encode(outcome: CallOutcome) -> tuple[str | None, str | None]:

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 
 from orsplatform.catalog import selectors as catalog
 from orsplatform.catalog.selectors import EnvHandle, SplitInfo
@@ -40,11 +40,17 @@ class StoreUnavailable(Exception):
     """The database could not be reached; requests answer 503."""
 
 
+class Unstorable(Exception):
+    """The database refused a value the client sent (a NUL character, say); requests answer 400."""
+
+
 def _guarded(fn: Callable[..., T], kwargs: dict) -> T:
     try:
         return fn(**kwargs)
     except IntegrityError:
         raise
+    except DataError as exc:
+        raise Unstorable(str(exc)) from exc
     except DatabaseError as exc:
         # Drop a broken connection so the next call on this thread reconnects.
         try:
@@ -96,6 +102,8 @@ def _run_batch(ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, A
                 results.append((True, fn(**kwargs)))
         except IntegrityError as exc:
             results.append((False, exc))
+        except DataError as exc:
+            results.append((False, Unstorable(str(exc))))
         except DatabaseError as exc:
             try:
                 connection.close()

@@ -76,11 +76,11 @@ class Executor(ABC):
         """Run one tool call; calls of one session run one at a time, and none after a call
         returned finished=True (those answer ok=false, reason episode_finished)."""
 
-    async def note_call(self, task_id: str, record: dict) -> None:
+    async def note_call(self, task_id: str, record: dict) -> None:  # noqa: B027 - no-op unless shared
         """Remember a call while it runs (shared executors: so another gateway can follow it, and a
         sweeper can record it if this gateway dies); `record` is its (redacted) audit data."""
 
-    async def forget_call(self, task_id: str) -> None:
+    async def forget_call(self, task_id: str) -> None:  # noqa: B027 - no-op unless shared
         """The call's audit row is written; drop what note_call kept."""
 
     async def call_record(self, task_id: str) -> dict | None:

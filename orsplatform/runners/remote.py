@@ -9,15 +9,14 @@ are what the request actually reads, so a lost wake-up only costs the polling in
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis.asyncio as aioredis
-from celery import Celery
 from celery.utils.nodenames import worker_direct
 from django.conf import settings
 
@@ -31,6 +30,30 @@ from orsplatform.runners.executor import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def celery_message(task: str, args: list, queue: str, *, origin: str) -> str:
+    """A Celery task message as Celery's Redis transport would push it for `send_task`."""
+    task_id = str(uuid.uuid4())
+    body = json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+    return json.dumps({
+        "body": base64.b64encode(body.encode()).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {
+            "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None, "expires": None,
+            "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
+            "root_id": task_id, "parent_id": None,
+            # Never the arguments themselves: a setup message carries the session's secrets.
+            "argsrepr": "(...)", "kwargsrepr": "{}", "origin": f"gateway-{origin}", "ignore_result": True,
+            "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
+        },
+        "properties": {
+            "correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
+            "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+        },
+    })
 
 
 class NoRunnerAvailable(Exception):
@@ -48,10 +71,6 @@ class CeleryExecutor(Executor):
         self.prefix = settings.ORS_REDIS_PREFIX
         self.gateway = uuid.uuid4().hex[:12]
         self.redis = aioredis.from_url(settings.REDIS_URL)
-        self.celery = Celery("ors-gateway", broker=settings.CELERY_BROKER_URL)
-        self.celery.conf.update(task_serializer="json", accept_content=["json"],
-                                broker_connection_retry_on_startup=True)
-        self._sender = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ors-send")
         self._runners: dict[str, str] = {}  # sid -> runner hostname
         self._wakeups: dict[str, set[asyncio.Event]] = {}  # sid or task_id -> its waiters' events
         self._replies: dict[str, asyncio.Future] = {}
@@ -111,14 +130,12 @@ class CeleryExecutor(Executor):
                 self._wakeups.pop(key, None)
 
     async def _send(self, task: str, runner: str, *args: Any) -> None:
-        queue = worker_direct(runner)
-        loop = asyncio.get_running_loop()
-        # Declaring the node's queue with every message: after a broker restart the binding is gone
-        # until the node reconnects, and a message published to an unbound queue would be dropped.
-        await loop.run_in_executor(
-            self._sender,
-            lambda: self.celery.send_task(task, args=list(args), queue=queue, declare=[queue], retry=False),
-        )
+        # The message goes straight onto the node's own queue list, in the format Celery's Redis
+        # transport uses (protocol 2): one LPUSH on this event loop instead of a thread hop into
+        # kombu, and no dependence on the exchange binding table (which a restarted Redis loses
+        # until the node reconnects, so a routed message would be dropped).
+        queue = worker_direct(runner).name
+        await self.redis.lpush(queue, celery_message(task, list(args), queue, origin=self.gateway))
 
     async def runners(self) -> list[tuple[str, int, str]]:
         """Live runner nodes (name, session count, dedicated team), from heartbeats (cached 1 s)."""
@@ -304,5 +321,4 @@ class CeleryExecutor(Executor):
     async def close(self) -> None:
         if self._listener is not None:
             self._listener.cancel()
-        self._sender.shutdown(wait=False)
         await self.redis.aclose()

@@ -7,7 +7,7 @@ import json
 
 import pyarrow.parquet as pq
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import connection, connections
 from django.http import StreamingHttpResponse
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -104,7 +104,15 @@ async def test_under_asgi_the_jsonl_export_streams_from_an_async_body(client, ow
         raise AssertionError("Django's ASGI handler would buffer a sync body whole")
 
     monkeypatch.setattr(export, "_jsonl_sync", buffered)
-    await sync_to_async(seed)(acme=owner.team)
+    def seed_and_close() -> None:
+        # sync_to_async runs this on asgiref's shared thread; its connection would outlive the test
+        # and keep PostgreSQL from dropping the test database.
+        try:
+            seed(acme=owner.team)
+        finally:
+            connections.close_all()
+
+    await sync_to_async(seed_and_close)()
     async with client.stream("GET", "/api/v1/analytics/export.jsonl", headers=owner.headers) as response:
         assert response.status_code == 200
         lines = [json.loads(line) async for line in response.aiter_lines() if line]
