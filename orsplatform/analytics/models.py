@@ -9,6 +9,8 @@ from django.db import models
 from orsplatform.catalog.models import Environment, EnvironmentVersion
 from orsplatform.teams.models import Team
 
+TOOL_CALLS_CURSOR = "tool_calls"
+
 
 class RollupCursor(models.Model):
     """How far the audit log has been folded. Every ToolCall with id <= last_id is in the rollups;

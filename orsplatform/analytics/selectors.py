@@ -26,8 +26,7 @@ from django.utils import timezone
 
 from orsplatform.analytics import latency
 from orsplatform.analytics.filters import SessionFilters, Window, environment_q
-from orsplatform.analytics.models import CallRollup, LatencyRollup, RollupCursor
-from orsplatform.analytics.services import CURSOR_NAME
+from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
 from orsplatform.catalog.models import Environment, EnvironmentVersion
 from orsplatform.episodes.models import Session, ToolCall
 from orsplatform.teams.models import ApiKey, Team
@@ -107,12 +106,18 @@ class Span:
 
 
 def resolve_span(*, team: Team, window: Window) -> Span:
-    """The concrete range of a window; "all time" starts at the team's first session."""
+    """The part of a window that can hold data: from the team's first session (at the earliest) to
+    now (at the latest). "All time" is then simply the whole history, and a window of 1970–2999
+    draws the months that have sessions instead of a thousand years of empty weeks."""
+    now = timezone.now()
+    end = min(window.end, now)
+    first = Session.objects.filter(team=team).aggregate(m=Min("created_at"))["m"]
     start = window.start
-    if start is None:
-        first = Session.objects.filter(team=team).aggregate(m=Min("created_at"))["m"]
-        start = first or (window.end - timedelta(days=1))
-    return Span(start=start, end=window.end, granularity=granularity_for(start, window.end))
+    if first is not None and (start is None or start < first):
+        start = floor_to(first, "day") if start is None else max(start, floor_to(first, "day"))
+    if start is None or start >= end:  # no sessions at all, or a window before the first one
+        start = window.start if window.start is not None and window.start < end else end - timedelta(days=1)
+    return Span(start=start, end=end, granularity=granularity_for(start, end))
 
 
 def _ratio(part: int | None, whole: int | None) -> float | None:
@@ -122,11 +127,13 @@ def _ratio(part: int | None, whole: int | None) -> float | None:
 # --- rollup freshness ------------------------------------------------------------------------------
 
 def rollup_status() -> dict[str, Any]:
-    """How current the tool-call figures are: when the rollup last ran and how many calls wait."""
-    cursor = RollupCursor.objects.filter(name=CURSOR_NAME).values("last_id", "last_run_at").first()
+    """How current the tool-call figures are: when the rollup last ran, and whether newer calls wait.
+    Deliberately no count: the backlog is the whole platform's, and its size would tell one team how
+    busy the others are."""
+    cursor = RollupCursor.objects.filter(name=TOOL_CALLS_CURSOR).values("last_id", "last_run_at").first()
     last_id = cursor["last_id"] if cursor else 0
     newest = ToolCall.objects.order_by("-id").values_list("id", flat=True).first() or 0
-    return {"last_run_at": cursor["last_run_at"] if cursor else None, "pending_calls": max(0, newest - last_id)}
+    return {"last_run_at": cursor["last_run_at"] if cursor else None, "behind": newest > last_id}
 
 
 # --- building blocks -------------------------------------------------------------------------------

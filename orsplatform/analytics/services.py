@@ -13,19 +13,24 @@ from django.db.models import Max
 from django.utils import timezone
 
 from orsplatform.analytics import latency
-from orsplatform.analytics.models import CallRollup, LatencyRollup, RollupCursor
+from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
 from orsplatform.episodes.models import Session, ToolCall
 
 log = logging.getLogger(__name__)
 
-CURSOR_NAME = "tool_calls"
+CURSOR_NAME = TOOL_CALLS_CURSOR
 DEFAULT_BATCH = 20_000
 # SQLite refuses statements with more than 32,766 parameters; stay far below it.
 _IN_CHUNK = 900
 
 
 def settle_seconds() -> float:
-    return float(getattr(settings, "ORS_ANALYTICS_SETTLE_SECONDS", 10.0))
+    """How long a newly seen id waits before it is folded (see tool_call_rollup_advance). SQLite
+    lets one writer in at a time, so there ids commit in order and nothing needs to settle."""
+    configured = getattr(settings, "ORS_ANALYTICS_SETTLE_SECONDS", None)
+    if configured is not None:
+        return float(configured)
+    return 0.0 if connection.vendor == "sqlite" else 10.0
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ HEARTBEAT_SECONDS = float(os.environ.get("ORS_RUNNER_HEARTBEAT_SECONDS", "1"))
 HEARTBEAT_TTL = float(os.environ.get("ORS_RUNNER_HEARTBEAT_TTL", "5"))
 RESULT_TTL = int(os.environ.get("ORS_RESULT_TTL_SECONDS", "3600"))
 STATE_TTL = int(os.environ.get("ORS_STATE_TTL_SECONDS", "86400"))
+INLINE_RESULT_BYTES = 64 * 1024
 # A node dedicated to one team (its slug) runs only that team's sessions; empty: the shared pool.
 TEAM = os.environ.get("ORS_RUNNER_TEAM", "")
 
@@ -154,8 +155,14 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
     except UnknownSession:
         payload = {"result": None, "exception": "Session lost: this runner does not hold it."}
     payload.update(started_at=started, finished_at=time.time())
-    node.redis.set(result_key(task_id), json.dumps(payload), ex=RESULT_TTL)
-    node.publish(gateway, {"kind": "call", "task_id": task_id})
+    encoded = json.dumps(payload)
+    node.redis.set(result_key(task_id), encoded, ex=RESULT_TTL)
+    # Small results ride along with the wake-up (saving the gateway a read); large ones are read
+    # from the durable key.
+    message = {"kind": "call", "task_id": task_id}
+    if len(encoded) <= INLINE_RESULT_BYTES:
+        message["payload"] = payload
+    node.publish(gateway, message)
 
 
 async def _reply(gateway: str, request_id: str, fn) -> None:

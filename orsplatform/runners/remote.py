@@ -77,6 +77,8 @@ class CeleryExecutor(Executor):
         self._runner_cache: tuple[float, list[tuple[str, int, str]]] = (0.0, [])
         self._listener: asyncio.Task | None = None
         self._missing_since: dict[str, float] = {}
+        self._ready: set[str] = set()  # sessions seen ready: no more state reads for them
+        self._results: dict[str, dict] = {}  # results that arrived with their wake-up message
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -114,7 +116,11 @@ class CeleryExecutor(Executor):
             if future is not None and not future.done():
                 future.set_result(message)
         else:
-            for event in self._wakeups.get(message.get("task_id") or message.get("sid") or "", ()):
+            key = message.get("task_id") or message.get("sid") or ""
+            waiters = self._wakeups.get(key, ())
+            if "payload" in message and waiters:
+                self._results[key] = message["payload"]
+            for event in waiters:
                 event.set()
 
     def _watch(self, key: str) -> asyncio.Event:
@@ -199,6 +205,8 @@ class CeleryExecutor(Executor):
 
     async def wait_ready(self, sid: str, timeout: float) -> None:
         runner = self._runner_of(sid)
+        if sid in self._ready:
+            return
         await self._ensure_listener()
         deadline = time.monotonic() + timeout
         event = self._watch(sid)
@@ -207,6 +215,7 @@ class CeleryExecutor(Executor):
                 state = await self._state(sid)
                 if state is not None:
                     if state["state"] == "ready":
+                        self._ready.add(sid)
                         return
                     if state["state"] == "failed":
                         raise SetupFailed(state.get("error", "setup failed"))
@@ -302,7 +311,8 @@ class CeleryExecutor(Executor):
             except TimeoutError:
                 pass
             event.clear()
-            payload = await self.result(task_id)
+            # The wake-up usually carries the result; the durable copy is read when it does not.
+            payload = self._results.pop(task_id, None) or await self.result(task_id)
             if payload is not None:
                 return CallOutcome(result=payload["result"], exception=payload["exception"])
             if not await self.runner_alive(runner):
@@ -311,6 +321,7 @@ class CeleryExecutor(Executor):
                 return CallOutcome(exception=f"Runner {runner} did not answer in time.")
 
     async def stop(self, sid: str) -> None:
+        self._ready.discard(sid)
         runner = self._runners.pop(sid, None)
         if runner is not None:
             try:
