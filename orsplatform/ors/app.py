@@ -56,6 +56,17 @@ ROUTES: dict[str, tuple[str, Handler, str]] = {
 }
 
 
+def _host_env(req: Request) -> str | None:
+    """A per-environment host name: `wordle.ors.example.com` names `wordle`, and
+    `acme--maze.ors.example.com` names `acme/maze` (for clients that cannot name the environment,
+    like ors.client's split+index sessions)."""
+    host = (req.header(b"host") or "").split(":", 1)[0]
+    labels = host.split(".")
+    if len(labels) < 3 or labels[0].isdigit():
+        return None
+    return labels[0].replace("--", "/", 1)
+
+
 def make_executor() -> Executor:
     if settings.ORS_EXECUTOR == "inline":
         from orsplatform.runners.inline import InlineExecutor
@@ -160,8 +171,8 @@ class OrsApp:
 
     async def environment_for(self, req: Request, caller: Caller, env_ref: str | None,
                               body_env: str | None = None) -> EnvHandle:
-        """X-Deployment first, then the path, then the body's env_name, then the key's bound
-        environment, then the configured default."""
+        """X-Deployment first, then the path, then the body's env_name, then a per-environment
+        host name, then the key's bound environment, then the configured default."""
         deployment = req.header(b"x-deployment")
         if deployment is not None and deployment.strip():
             env = await self.store.environment(caller, deployment.strip()) if ENV_REF_RE.match(
@@ -169,6 +180,11 @@ class OrsApp:
             if env is None:
                 raise HttpError(404, "Deployment not found.")
             return env
+        host_ref = _host_env(req)
+        if not env_ref and not body_env and host_ref and ENV_REF_RE.match(host_ref):
+            env = await self.store.environment(caller, host_ref)
+            if env is not None:  # a host name that names no environment is just a host name
+                return env
         for ref in (env_ref, body_env):
             if ref:
                 env = await self.store.environment(caller, ref) if ENV_REF_RE.match(ref) else None
@@ -195,8 +211,18 @@ class OrsApp:
         except NoRunnerAvailable:
             raise HttpError(503, "No runner is available; retry shortly.", {"Retry-After": "5"}) from None
 
-    async def live_session(self, req: Request, caller: Caller) -> LiveSession:
-        """The caller's open session named by X-Session-ID, or the right 4xx for it."""
+    async def live_session(self, req: Request, caller: Caller, env_ref: str | None = None) -> LiveSession:
+        """The caller's open session named by X-Session-ID, or the right 4xx for it. When the path
+        names an environment other than the session's, that is an error (a client that started the
+        session on another environment than it now addresses), not silently ignored."""
+        live = await self._live_session(req, caller)
+        if env_ref and ENV_REF_RE.match(env_ref):
+            named = await self.store.environment(caller, env_ref)
+            if named is not None and named.environment_id != live.env.environment_id:
+                raise HttpError(404, f"Session {live.sid} runs {live.env.full_name}, not {env_ref}.")
+        return live
+
+    async def _live_session(self, req: Request, caller: Caller) -> LiveSession:
         sid = require_sid(req)
         live = self.sessions.get(sid)
         if live is not None and live.adopted_at is not None and (

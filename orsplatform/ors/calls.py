@@ -35,7 +35,7 @@ TASK_ID_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 
 
 async def call(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    live = await app.live_session(req, caller)
+    live = await app.live_session(req, caller, env_ref)
     body = req.json()
     task_id = optional_str(body, "task_id")
     if task_id is not None:

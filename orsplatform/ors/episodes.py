@@ -135,7 +135,7 @@ async def ping(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -
 
 
 async def prompt(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    live = await app.live_session(req, caller)
+    live = await app.live_session(req, caller, env_ref)
     await app.ready(live)
     try:
         return await app.executor.prompt(live.sid)
@@ -146,7 +146,7 @@ async def prompt(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
 
 
 async def task_tools(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    live = await app.live_session(req, caller)
+    live = await app.live_session(req, caller, env_ref)
     await app.ready(live)
     try:
         return {"tools": [*live.env.tools, *await app.executor.task_tools(live.sid)]}

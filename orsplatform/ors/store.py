@@ -161,6 +161,9 @@ class WriteBatcher:
             task.cancel()
 
 
+_MISSING = object()
+
+
 class _TtlCache:
     def __init__(self) -> None:
         self._data: dict[Any, tuple[float, Any]] = {}
@@ -205,9 +208,9 @@ class Store:
         handle = self._envs.get(key)
         if handle is None:
             handle = await self._run(catalog.environment_resolve, caller=caller, ref=ref)
-            if handle is not None:
-                self._envs.put(key, handle)
-        return handle
+            # Misses are cached too, so a stream of requests for an unknown name stays off the DB.
+            self._envs.put(key, handle if handle is not None else _MISSING)
+        return None if handle is _MISSING else handle
 
     async def environment_by_id(self, caller: Caller, environment_id: int) -> EnvHandle | None:
         key = (caller.team_id, environment_id)

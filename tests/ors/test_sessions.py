@@ -603,3 +603,27 @@ async def test_secret_values_echoed_by_environment_code_are_not_stored(client, o
     dump = await in_db(all_rows_dump)
     assert sid in dump and failing in dump and "failed with secrets" in dump and "probe setup exploded" in dump
     assert value not in dump
+
+
+async def test_a_per_environment_host_name_chooses_the_environment_of_a_session_that_names_none(client, owner):
+    sid = (await client.post("/create_session", headers=owner.headers)).json()["sid"]
+    headers = {**owner.headers, "X-Session-ID": sid, "Host": "wordle.ors.example.com"}
+    r = await client.post("/create", headers=headers, json={"split": "train", "index": 0})
+    assert r.status_code == 200
+    r = await client.get("/version", headers=headers)
+    assert r.json()["environment"].startswith("builtin/wordle@")
+
+
+async def test_a_host_name_that_names_no_environment_falls_back_to_the_default(client, owner):
+    sid = (await client.post("/create_session", headers=owner.headers)).json()["sid"]
+    headers = {**owner.headers, "X-Session-ID": sid, "Host": "ors.example.com"}
+    assert (await client.post("/create", headers=headers, json={"split": "train", "index": 0})).status_code == 200
+    assert (await client.get("/version", headers=headers)).json()["environment"].startswith("builtin/math@")
+
+
+async def test_addressing_a_session_through_another_environment_is_a_404_not_a_silent_mixup(client, owner):
+    sid = await start_episode(client, owner.headers, env="math")
+    r = await client.get("/wordle/prompt", headers={**owner.headers, "X-Session-ID": sid})
+    assert r.status_code == 404 and "builtin/math" in r.json()["detail"]
+    r = await client.get("/nosuchenv/prompt", headers={**owner.headers, "X-Session-ID": sid})
+    assert r.status_code == 200  # a path that names no environment is ignored, as in the reference
