@@ -6,7 +6,7 @@ PORT ?= 8000
 HOST ?= 127.0.0.1
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install migrate publish devkey bench bench-postgres lint clean up down
+.PHONY: run test install migrate publish devkey bench bench-postgres bench-executors worker runner lint clean up down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,19 @@ bench: install
 
 bench-postgres: install
 	$(PY) bench/compare.py --concurrency 16 --duration 20 --postgres
+
+bench-executors: install
+	$(PY) bench/compare_executors.py --concurrency 16 --duration 20
+
+# The celery executor on one box (REDIS_URL, DATABASE_URL and ORS_EXECUTOR=celery set for `run` too):
+# the platform worker with beat, and a runner node (start several with different RUNNER names).
+RUNNER ?= runner1
+worker: install
+	$(PY) -m celery -A orsplatform worker --beat --pool threads --concurrency 4 --loglevel info
+
+runner: install
+	env -u DATABASE_URL -u SECRET_KEY $(PY) -m celery -A orsplatform.runners.node worker --pool threads \
+		--concurrency 8 --hostname $(RUNNER)@%h --without-mingle --without-gossip --loglevel info
 
 lint: install
 	$(PY) -m ruff check .
