@@ -24,6 +24,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -31,7 +32,14 @@ import aiohttp
 try:  # run as a script (bench/ on sys.path) or imported as bench.tasks_bench
     from compare import free_port, manage, platform_command, platform_env, postgres_database, server_process
 except ImportError:  # pragma: no cover
-    from bench.compare import free_port, manage, platform_command, platform_env, postgres_database, server_process
+    from bench.compare import (
+        free_port,
+        manage,
+        platform_command,
+        platform_env,
+        postgres_database,
+        server_process,
+    )
 
 ROOT = Path(__file__).resolve().parents[1]
 TEAM, SLUG, SPLIT = "bench", "million", "train"
@@ -113,48 +121,47 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     return {"n": len(ordered), "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99)}
 
 
+def make_body(kind: str, num_tasks: int, rng: random.Random) -> dict:
+    if kind == "task":
+        return {"split": SPLIT, "index": rng.randrange(num_tasks)}
+    if kind == "task_range":
+        start = rng.randrange(num_tasks - 100)
+        return {"split": SPLIT, "start": start, "stop": start + 100}
+    return {"split": SPLIT}
+
+
+async def timed_requests(session: aiohttp.ClientSession, kind: str, num_tasks: int, rng: random.Random,
+                         turns: Iterator[int], samples: list[float]) -> int:
+    """One client: takes turns from the shared iterator until it is exhausted; returns its errors."""
+    url, errors = f"/{TEAM}/{SLUG}/{kind}", 0
+    for _ in turns:
+        payload = make_body(kind, num_tasks, rng)
+        started = time.perf_counter()
+        async with session.post(url, json=payload) as r:
+            data = await r.read()
+            ok = r.status == 200
+        samples.append(time.perf_counter() - started)
+        if not ok or (kind == "task_range" and len(json.loads(data)["tasks"]) != 100):
+            errors += 1
+    return errors
+
+
 async def measure(base_url: str, key: str, num_tasks: int, requests: int, concurrency: int) -> dict:
     headers = {"X-API-Key": key, "Content-Type": "application/json"}
     rng = random.Random(7)
-
-    def body(kind: str) -> dict:
-        if kind == "task":
-            return {"split": SPLIT, "index": rng.randrange(num_tasks)}
-        if kind == "task_range":
-            start = rng.randrange(num_tasks - 100)
-            return {"split": SPLIT, "start": start, "stop": start + 100}
-        return {"split": SPLIT}
-
     results: dict[str, dict] = {}
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(base_url, headers=headers, connector=connector) as session:
         for kind in ("task", "task_range", "num_tasks"):
-            url = f"/{TEAM}/{SLUG}/{kind}"
-            for _ in range(50):  # warm-up: connections, the catalog cache
-                async with session.post(url, json=body(kind)) as r:
-                    await r.read()
+            # Warm-up: connections, the catalog cache.
+            await timed_requests(session, kind, num_tasks, rng, iter(range(50)), [])
             samples: list[float] = []
-            errors = 0
-            queue = iter(range(requests))
-
-            async def worker() -> None:
-                nonlocal errors
-                for _ in queue:
-                    payload = body(kind)
-                    started = time.perf_counter()
-                    async with session.post(url, json=payload) as r:
-                        data = await r.read()
-                        ok = r.status == 200
-                    samples.append(time.perf_counter() - started)
-                    if not ok:
-                        errors += 1
-                    elif kind == "task_range" and len(json.loads(data)["tasks"]) != 100:
-                        errors += 1
-
+            turns = iter(range(requests))
             wall = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            errors = await asyncio.gather(*(timed_requests(session, kind, num_tasks, rng, turns, samples)
+                                            for _ in range(concurrency)))
             wall = time.perf_counter() - wall
-            results[kind] = {**percentiles(samples), "req_per_s": requests / wall, "errors": errors}
+            results[kind] = {**percentiles(samples), "req_per_s": requests / wall, "errors": sum(errors)}
     return results
 
 

@@ -206,4 +206,12 @@ def rollup_nudge() -> None:
         return
     from orsplatform.analytics.tasks import rollup_tool_calls
 
-    transaction.on_commit(lambda: rollup_tool_calls.delay(max_batches=3, requeue=False))
+    def enqueue() -> None:
+        # A page must not fail, nor wait on broker retries, because a nudge could not be sent: beat
+        # runs the rollup anyway.
+        try:
+            rollup_tool_calls.apply_async(kwargs={"max_batches": 3, "requeue": False}, retry=False)
+        except Exception:  # noqa: BLE001 - any broker or eager-run failure
+            log.warning("analytics rollup nudge failed", exc_info=True)
+
+    transaction.on_commit(enqueue)

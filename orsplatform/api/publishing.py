@@ -79,11 +79,25 @@ class PublishFailureSerializer(serializers.Serializer):
     traceback = serializers.CharField()
 
 
-class SplitSerializer(serializers.Serializer):
+class SplitStateSerializer(serializers.Serializer):
     name = serializers.CharField()
     type = serializers.CharField()
     num_tasks = serializers.IntegerField()
     revision = serializers.IntegerField()
+
+
+class IndexedTaskSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    spec = serializers.JSONField()
+
+
+class TaskPageSerializer(serializers.Serializer):
+    split = serializers.CharField()
+    num_tasks = serializers.IntegerField()
+    offset = serializers.IntegerField()
+    limit = serializers.IntegerField()
+    next = serializers.IntegerField(allow_null=True, help_text="The next page's offset; null on the last page.")
+    tasks = IndexedTaskSerializer(many=True)
 
 
 class IngestJobSerializer(serializers.Serializer):
@@ -249,17 +263,17 @@ class RollbackView(APIView):
 class SplitListView(APIView):
     permission_classes = [CatalogAccess]
 
-    @extend_schema(responses=SplitSerializer(many=True))
+    @extend_schema(responses=SplitStateSerializer(many=True))
     def get(self, request, team: str, slug: str):
         environment = _visible_environment(request, team, slug)
-        return Response(SplitSerializer(selectors.splits_of(environment=environment), many=True).data)
+        return Response(SplitStateSerializer(selectors.splits_of(environment=environment), many=True).data)
 
 
 class SplitTasksView(APIView):
     permission_classes = [PublishAccess]
     parser_classes = [MultiPartParser, FormParser]
 
-    @extend_schema(parameters=[TaskPageQuery])
+    @extend_schema(parameters=[TaskPageQuery], responses=TaskPageSerializer)
     def get(self, request, team: str, slug: str, split: str):
         environment = _visible_environment(request, team, slug)
         found = selectors.split_of(environment=environment, name=split)

@@ -139,8 +139,10 @@ def _wait_exited(pid: int, timeout: float) -> bool:
         fd = None
     if fd is not None:
         try:
-            readable, _, _ = select.select([fd], [], [], timeout)
-            return bool(readable)
+            # poll, not select: a busy server's descriptors can be numbered past select's 1024.
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(max(timeout, 0) * 1000))
         finally:
             os.close(fd)
     deadline = time.monotonic() + timeout

@@ -11,6 +11,7 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from orsplatform.episodes.models import Session
+from orsplatform.ors.calls import storable
 from orsplatform.ors.http import SSE_HEADERS, HttpError, Request, sse_event
 from orsplatform.ors.sessions import LiveSession, PendingSid
 from orsplatform.ors.wire import (
@@ -22,7 +23,7 @@ from orsplatform.ors.wire import (
     secrets_from_header,
 )
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
-from orsplatform.runners.redact import secret_values
+from orsplatform.runners.redact import redact, secret_values
 from orsplatform.teams.auth import Caller
 
 if TYPE_CHECKING:
@@ -138,11 +139,23 @@ async def prompt(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
     live = await app.live_session(req, caller, env_ref)
     await app.ready(live)
     try:
-        return await app.executor.prompt(live.sid)
+        blocks = await app.executor.prompt(live.sid)
     except UnknownSession:
         raise HttpError(410, "Session was deleted.") from None
     except Exception as exc:  # the environment's get_prompt() failed
         raise HttpError(500, f"get_prompt failed: {type(exc).__name__}: {exc}") from None
+    if not live.prompt_recorded:
+        # For the session explorer and exports; off the request's path (the answer does not wait).
+        live.prompt_recorded = True
+        app.spawn(_record_prompt(app, live.pk, storable(redact(blocks, live.secrets))))
+    return blocks
+
+
+async def _record_prompt(app: OrsApp, pk: int, blocks: list[dict]) -> None:
+    try:
+        await app.store.session_record_prompt(pk, blocks)
+    except Exception as exc:
+        log.warning("could not record the prompt of session %s: %s", pk, exc)
 
 
 async def task_tools(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:

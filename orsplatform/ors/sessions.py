@@ -33,6 +33,7 @@ class LiveSession:
     adopted_at: float | None = None
     last_activity: float = field(default_factory=time.monotonic)
     flushed_activity: float = 0.0
+    prompt_recorded: bool = False
     # Set in memory when setup() finishes; written with the coalesced activity flush and at the end.
     ready_at: datetime | None = None
     ready_flushed: bool = False

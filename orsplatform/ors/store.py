@@ -257,6 +257,9 @@ class Store:
     async def session_create(self, **kwargs: Any) -> int:
         return await self.writes.submit(episode_services.session_create, **kwargs)
 
+    async def session_record_prompt(self, pk: int, blocks: list[dict]) -> None:
+        await self.writes.submit(episode_services.session_record_prompt, pk=pk, blocks=blocks)
+
     async def session_discard(self, pk: int) -> None:
         await self.writes.submit(episode_services.session_discard, pk=pk)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
@@ -15,6 +16,14 @@ from orsplatform.analytics.tasks import rollup_tool_calls
 from orsplatform.episodes.models import ToolCall
 from tests.analytics.conftest import login
 from tests.analytics.seed import seed
+
+
+@pytest.fixture(autouse=True)
+def eager_celery(monkeypatch):
+    # The embedded default runs tasks in-process; keep it so even where a broker is configured.
+    from orsplatform.celery import app
+
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
 
 
 def rolled_calls() -> int:

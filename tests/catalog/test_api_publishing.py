@@ -175,3 +175,11 @@ def test_the_schema_documents_the_publishing_endpoints(live_db):
     for path in ("/api/v1/environments/{team}/{slug}/versions", "/api/v1/environments/{team}/{slug}/rollback",
                  "/api/v1/environments/{team}/{slug}/splits/{split}/tasks", "/api/v1/ingest-jobs/{job_id}"):
         assert path in schema, path
+
+
+def test_modules_of_a_multi_file_package_import_each_other_relatively(owner):
+    env = ECHO_ENV.replace('VERSION = "one"', 'from .lib.words import VERSION')
+    package = zip_bytes({"env.py": env, "lib/words.py": 'VERSION = "from a sibling module"\n'})
+    r = publish(owner, "multi", "multi.zip", package)
+    assert r.status_code == 201, r.json()
+    assert r.json()["entrypoint"] == "env:Echo"

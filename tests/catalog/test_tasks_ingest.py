@@ -9,7 +9,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from orsplatform.catalog import ingest, selectors, services
 from orsplatform.catalog.models import Environment, IngestJob, Split, Task
@@ -231,9 +231,14 @@ def test_progress_is_visible_while_the_ingest_transaction_is_open(owner, quiz, m
     def spy(self, rows_done: int, bytes_done: int) -> None:
         original(self, rows_done, bytes_done)
         if connection.vendor == "postgresql":
-            # Written by the second connection and committed, while this one's transaction is open.
-            row = IngestJob.objects.values_list("rows_done", "status").get(id=self.job_id)
-            seen.append(row)
+            # What any other connection sees while the ingest transaction (and its COPY) is open.
+            observer = connections.create_connection(DEFAULT_DB_ALIAS)
+            try:
+                with observer.cursor() as cursor:
+                    cursor.execute("SELECT rows_done, status FROM catalog_ingestjob WHERE id = %s", [self.job_id])
+                    seen.append(cursor.fetchone())
+            finally:
+                observer.close()
         else:
             job = selectors.ingest_job_of_team(team_id=owner.team.id, job_id=self.job_id)
             seen.append((job.rows_done, job.status))
