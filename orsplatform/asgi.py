@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orsplatform.settings")
@@ -9,6 +10,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orsplatform.settings")
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_application = get_asgi_application()
+
+from django.conf import settings  # noqa: E402
 
 from orsplatform.ors.app import OrsApp  # noqa: E402
 from orsplatform.teams.models import RESERVED_SEGMENTS  # noqa: E402
@@ -19,8 +22,27 @@ DJANGO_PREFIXES = frozenset({"", "admin", "api", "console", "static", "media", "
 assert DJANGO_PREFIXES - {""} <= RESERVED_SEGMENTS
 
 
+async def _too_large(send, limit: int) -> None:
+    body = json.dumps({"detail": f"Request body is larger than {limit} bytes."}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _declared_length(scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
 def build_application(ors_app: OrsApp | None = None):
     ors = ors_app or OrsApp()
+    # Django spools a whole upload to disk before any view runs: refuse oversized ones up front.
+    upload_limit = max(settings.ORS_MAX_PACKAGE_BYTES, settings.ORS_MAX_TASK_FILE_BYTES) + 1024 * 1024
 
     async def application(scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -28,6 +50,9 @@ def build_application(ors_app: OrsApp | None = None):
             end = path.find("/", 1)
             first = path[1:] if end == -1 else path[1:end]
             if first in DJANGO_PREFIXES:
+                if _declared_length(scope) > upload_limit:
+                    await _too_large(send, upload_limit)
+                    return
                 await django_application(scope, receive, send)
             else:
                 await ors(scope, receive, send)

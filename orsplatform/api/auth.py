@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.exceptions import AuthenticationFailed, NotAuthenticated, PermissionDenied
 from rest_framework.permissions import BasePermission
@@ -65,3 +66,14 @@ class TeamAccess(BasePermission):
         if not caller.can("sessions"):
             raise PermissionDenied("This API key lacks the 'sessions' scope.")
         return True
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):
+    """Documents the API-key header in the OpenAPI schema (and the Swagger UI's Authorize button)."""
+
+    target_class = "orsplatform.api.auth.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "X-API-Key",
+                "description": "ors_<prefix>_<secret>; `Authorization: Bearer <key>` works too."}

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from orsplatform.catalog.models import Environment, EnvironmentVersion, Split
+from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split
 
 
 @admin.register(Environment)
@@ -18,3 +18,9 @@ class EnvironmentVersionAdmin(admin.ModelAdmin):
 @admin.register(Split)
 class SplitAdmin(admin.ModelAdmin):
     list_display = ("environment", "name", "type", "num_tasks")
+
+
+@admin.register(IngestJob)
+class IngestJobAdmin(admin.ModelAdmin):
+    list_display = ("id", "environment", "split_name", "mode", "status", "rows_done", "created_at")
+    list_filter = ("status", "mode")
