@@ -187,6 +187,8 @@ ORS_RESULT_TTL_SECONDS = env_float("ORS_RESULT_TTL_SECONDS", 3600.0)  # runners'
 # A running call whose gateway has not recorded it after this long is recorded by the sweeper.
 ORS_ORPHAN_AFTER_SECONDS = env_float("ORS_ORPHAN_AFTER_SECONDS", 30.0)
 ORS_MAX_BODY_BYTES = env_int("ORS_MAX_BODY_BYTES", 10 * 1024 * 1024)
+# On PostgreSQL the hot path's writes run on the event loop (psycopg async), not on a DB thread.
+ORS_PG_ASYNC_WRITES = env_bool("ORS_PG_ASYNC_WRITES", True)
 ORS_MAX_HEADER_BYTES = env_int("ORS_MAX_HEADER_BYTES", 16 * 1024)
 ORS_MAX_LIST_TASKS = env_int("ORS_MAX_LIST_TASKS", 100_000)
 ORS_TOOL_THREADS = env_int("ORS_TOOL_THREADS", 64)

@@ -17,19 +17,22 @@ def session_create(**row: Any) -> int:
     return sessions_create(rows=[row])[0]
 
 
+def session_fields(row: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The columns of a new episode row (shared by the ORM path and the gateway's PostgreSQL writer)."""
+    return {
+        "sid": row["sid"], "team_id": row["caller"].team_id, "api_key_id": row["caller"].api_key_id,
+        "environment_id": row["env"].environment_id, "version_id": row["env"].version_id,
+        "task_spec": row["task_spec"], "split": row.get("split", ""), "task_index": row.get("index"),
+        "status": Session.Status.CREATING.value, "runner": row.get("runner", ""), "error": "",
+        "created_at": now, "last_activity_at": now, "calls": 0, "finished": False,
+    }
+
+
 def sessions_create(*, rows: list[dict[str, Any]]) -> list[int]:
     """Insert episode rows in one statement (the gateway group-commits concurrent /create calls).
     Each row: sid, caller, env, task_spec, split, index, runner."""
     now = timezone.now()
-    sessions = [
-        Session(
-            sid=r["sid"], team_id=r["caller"].team_id, api_key_id=r["caller"].api_key_id,
-            environment_id=r["env"].environment_id, version_id=r["env"].version_id, task_spec=r["task_spec"],
-            split=r.get("split", ""), task_index=r.get("index"), status=Session.Status.CREATING,
-            runner=r.get("runner", ""), created_at=now, last_activity_at=now,
-        )
-        for r in rows
-    ]
+    sessions = [Session(**session_fields(r, now)) for r in rows]
     Session.objects.bulk_create(sessions)
     return [s.pk for s in sessions]
 
@@ -54,7 +57,7 @@ def session_end(**row: Any) -> None:
     sessions_end(rows=[row])
 
 
-_END_SQL = (
+END_SQL = (
     "UPDATE episodes_session SET status = %s, ended_at = %s,"
     " last_activity_at = COALESCE(%s, last_activity_at), ready_at = COALESCE(%s, ready_at),"
     " calls = COALESCE(%s, calls), total_reward = CASE WHEN %s THEN %s ELSE total_reward END,"
@@ -63,7 +66,7 @@ _END_SQL = (
 )
 
 
-_TOTALS_SQL = (
+TOTALS_SQL = (
     "UPDATE episodes_session SET"
     " calls = (SELECT COUNT(*) FROM episodes_toolcall WHERE session_id = %s),"
     " total_reward = (SELECT SUM(reward) FROM episodes_toolcall WHERE session_id = %s),"
@@ -76,24 +79,14 @@ def sessions_end(*, rows: list[dict[str, Any]]) -> None:
     """Close episodes. Each row: pk, status, and optionally last_activity_at, ready_at and totals.
     The gateway keeps the running totals in memory and writes them here, so a tool call costs one
     insert; the audit rows remain what they can be recomputed from. One executemany of plain SQL:
-    the ORM's per-row CASE expressions cost more CPU than the whole rest of an episode."""
-    now = timezone.now()
-    params = []
-    for r in rows:
-        totals: SessionTotals | None = r.get("totals")
-        params.append((
-            r["status"], now, r.get("last_activity_at"), r.get("ready_at"),
-            totals.calls if totals else None, totals is not None, totals.total_reward if totals else None,
-            totals.finished if totals else None, r["pk"],
-        ))
+    the ORM's per-row CASE expressions cost more CPU than the whole rest of an episode. Sessions
+    served by several gateways (the celery executor) have no in-memory totals: the audit log is
+    summed instead (an index lookup on the session's calls)."""
+    params, without_totals = session_end_params(rows)
     with connection.cursor() as cursor:
-        cursor.executemany(_END_SQL, params)
-    # Sessions served by several gateways (the celery executor) have no in-memory totals: sum the
-    # audit log instead (an index lookup on the session's calls).
-    without_totals = [(r["pk"],) * 4 for r in rows if r.get("totals") is None]
-    if without_totals:
-        with connection.cursor() as cursor:
-            cursor.executemany(_TOTALS_SQL, without_totals)
+        cursor.executemany(END_SQL, params)
+        if without_totals:
+            cursor.executemany(TOTALS_SQL, without_totals)
 
 
 def sessions_touch(*, activity: dict[int, tuple[datetime, datetime | None]]) -> None:
@@ -116,26 +109,46 @@ def tool_call_record(**row: Any) -> None:
     tool_calls_record(rows=[row])
 
 
+TOOL_CALL_RESULT_FIELDS = ["output", "status", "reward", "finished", "error", "finished_at"]
+
+
+def tool_call_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """The columns of a finished call's audit row, from the gateway's record of it."""
+    result = row["result"]
+    ok = bool(result and result.get("ok"))
+    output = (result or {}).get("output") or {}
+    error = row["exception"] or ("" if ok else (result or {}).get("error", ""))
+    return {
+        "session_id": row["session_pk"], "task_id": row["task_id"], "name": row["name"][:200],
+        "input": row["input"], "output": result,
+        "status": (ToolCall.Status.OK if ok else ToolCall.Status.ERROR).value,
+        "reward": output.get("reward") if ok else None, "finished": bool(output.get("finished")) if ok else False,
+        "error": error[:4000], "started_at": row["started_at"], "finished_at": row["finished_at"],
+    }
+
+
 def tool_calls_record(*, rows: list[dict[str, Any]]) -> None:
     """Write finished calls to the audit log in one statement. Each row: session_pk, task_id,
     name, input, result (the wire result or None), exception, started_at, finished_at."""
-    calls = []
-    for r in rows:
-        result = r["result"]
-        ok = bool(result and result.get("ok"))
-        output = (result or {}).get("output") or {}
-        error = r["exception"] or ("" if ok else (result or {}).get("error", ""))
-        calls.append(ToolCall(
-            session_id=r["session_pk"], task_id=r["task_id"], name=r["name"][:200], input=r["input"], output=result,
-            status=ToolCall.Status.OK if ok else ToolCall.Status.ERROR,
-            reward=output.get("reward") if ok else None, finished=bool(output.get("finished")) if ok else False,
-            error=error[:4000], started_at=r["started_at"], finished_at=r["finished_at"],
-        ))
-    # An upsert: the row may exist as "running" (tool_call_start); a finished row is never changed.
+    # An upsert on task_id: the gateway and the orphaned-call sweeper may both record a call.
     ToolCall.objects.bulk_create(
-        calls, update_conflicts=True, unique_fields=["task_id"],
-        update_fields=["output", "status", "reward", "finished", "error", "finished_at"],
+        [ToolCall(**tool_call_fields(r)) for r in rows], update_conflicts=True, unique_fields=["task_id"],
+        update_fields=TOOL_CALL_RESULT_FIELDS,
     )
+
+
+def session_end_params(rows: list[dict[str, Any]]) -> tuple[list[tuple], list[tuple]]:
+    """Parameters for END_SQL, and for TOTALS_SQL (rows without in-memory totals)."""
+    now = timezone.now()
+    params = []
+    for r in rows:
+        totals: SessionTotals | None = r.get("totals")
+        params.append((
+            r["status"], now, r.get("last_activity_at"), r.get("ready_at"),
+            totals.calls if totals else None, totals is not None, totals.total_reward if totals else None,
+            totals.finished if totals else None, r["pk"],
+        ))
+    return params, [(r["pk"],) * 4 for r in rows if r.get("totals") is None]
 
 
 def session_record_prompt(*, pk: int, blocks: list[dict[str, Any]]) -> None:

@@ -359,6 +359,7 @@ class OrsApp:
                 log.exception("could not end session %s at shutdown", live.sid)
         await self.executor.close()
         await self.limits.close()
+        await self.store.aclose()
         self.store.close()
 
     async def lifespan(self, receive, send) -> None:

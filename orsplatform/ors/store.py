@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connection, connections, transaction
 
 from orsplatform.catalog import selectors as catalog
 from orsplatform.catalog.selectors import EnvHandle, SplitInfo
@@ -117,10 +117,14 @@ class WriteBatcher:
     """Group commit. Up to ``flushers`` batches are in flight at once (one per DB thread), so on
     PostgreSQL the next batch fills and commits while the previous one waits for its WAL flush."""
 
-    def __init__(self, pool: ThreadPoolExecutor, *, flushers: int, max_batch: int = 500) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, *, flushers: int, max_batch: int = 500,
+                 pg_writers: list | None = None) -> None:
         self._pool = pool
-        self._flushers = flushers
         self._max_batch = max_batch
+        # PgWriters (PostgreSQL only): the hot writes on the event loop, one connection per flusher
+        # so a batch fills and commits while the previous one waits for its WAL flush.
+        self._pg_writers = pg_writers or []
+        self._flushers = len(self._pg_writers) or flushers
         self._queue: list[tuple[Callable[..., Any], dict, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
@@ -128,14 +132,30 @@ class WriteBatcher:
     async def submit(self, fn: Callable[..., T], **kwargs: Any) -> T:
         if not self._tasks or all(t.done() for t in self._tasks):
             self._wakeup = asyncio.Event()
-            self._tasks = [asyncio.create_task(self._flush_forever()) for _ in range(self._flushers)]
+            self._tasks = [asyncio.create_task(self._flush_forever(n)) for n in range(self._flushers)]
         future = asyncio.get_running_loop().create_future()
         self._queue.append((fn, kwargs, future))
         self._wakeup.set()
         return await future
 
-    async def _flush_forever(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def _run(self, ops: list[tuple[Callable[..., Any], dict]], pg) -> list[tuple[bool, Any]]:
+        if pg is None:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, _run_batch, ops)
+        hot = [i for i, (fn, _) in enumerate(ops) if fn in pg.HANDLES]
+        rest = [i for i in range(len(ops)) if i not in set(hot)]
+        results: list[tuple[bool, Any] | None] = [None] * len(ops)
+        if rest:
+            rest_results = await asyncio.get_running_loop().run_in_executor(
+                self._pool, _run_batch, [ops[i] for i in rest])
+            for i, result in zip(rest, rest_results, strict=True):
+                results[i] = result
+        if hot:
+            for i, result in zip(hot, await pg.run([ops[i] for i in hot]), strict=True):
+                results[i] = result
+        return results  # type: ignore[return-value]
+
+    async def _flush_forever(self, n: int) -> None:
+        pg = self._pg_writers[n] if self._pg_writers else None
         while True:
             await self._wakeup.wait()
             if not self._queue:
@@ -145,8 +165,8 @@ class WriteBatcher:
             if not self._queue:
                 self._wakeup.clear()
             try:
-                results = await loop.run_in_executor(self._pool, _run_batch, [(f, k) for f, k, _ in batch])
-            except Exception as exc:  # the thread pool itself failed
+                results = await self._run([(f, k) for f, k, _ in batch], pg)
+            except Exception as exc:  # the thread pool or the connection itself failed
                 results = [(False, StoreUnavailable(str(exc)))] * len(batch)
             for (_, _, future), (ok, value) in zip(batch, results, strict=True):
                 if future.done():
@@ -155,6 +175,10 @@ class WriteBatcher:
                     future.set_result(value)
                 else:
                     future.set_exception(value)
+
+    async def aclose(self) -> None:
+        for writer in self._pg_writers:
+            await writer.close()
 
     def stop(self) -> None:
         for task in self._tasks:
@@ -188,7 +212,12 @@ class Store:
         self._versions: dict[int, EnvHandle] = {}
         # Task specs by (split, revision, index): a re-ingest bumps the revision.
         self._tasks: dict[tuple[int, int, int], Any] = {}
-        self.writes = WriteBatcher(self._pool, flushers=1)
+        pg_writers = []
+        if connections["default"].vendor == "postgresql" and settings.ORS_PG_ASYNC_WRITES:
+            from orsplatform.ors.pg_writer import PgWriter
+
+            pg_writers = [PgWriter() for _ in range(2)]
+        self.writes = WriteBatcher(self._pool, flushers=1, pg_writers=pg_writers)
 
     async def _run(self, fn: Callable[..., T], **kwargs: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, _guarded, fn, kwargs)
@@ -283,6 +312,9 @@ class Store:
         last_used = auth.key_cache.drain_last_used()
         if last_used:
             await self.writes.submit(api_keys_touch, last_used=last_used)
+
+    async def aclose(self) -> None:
+        await self.writes.aclose()
 
     def close(self) -> None:
         self.writes.stop()

@@ -1,0 +1,130 @@
+"""The hot path's three writes on PostgreSQL, on the event loop itself.
+
+On PostgreSQL a write is a network round trip or three; run on a worker thread, each of them also
+has to win the GIL back from a busy event loop, and that hand-off, not the database, was most of
+the latency of /create, /call and /delete (see bench/README.md). Here one psycopg AsyncConnection
+runs a batch of episode inserts, audit-row upserts and episode ends in one transaction, awaiting
+the database without a thread. The columns come from the same functions the ORM path uses
+(``episodes.services``); everything else still goes through the ORM on the DB threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import psycopg
+from django.db import IntegrityError, connections
+from psycopg.types.json import Jsonb
+
+from orsplatform.episodes import services
+
+log = logging.getLogger(__name__)
+
+SESSION_COLUMNS = ["sid", "team_id", "api_key_id", "environment_id", "version_id", "task_spec", "split",
+                   "task_index", "status", "runner", "error", "created_at", "last_activity_at", "calls",
+                   "finished"]
+CALL_COLUMNS = ["session_id", "task_id", "name", "input", "output", "status", "reward", "finished", "error",
+                "started_at", "finished_at"]
+JSON_COLUMNS = {"task_spec", "input", "output"}
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _values(fields: dict[str, Any], columns: list[str]) -> list[Any]:
+    return [Jsonb(fields[c], dumps=_dumps) if c in JSON_COLUMNS and fields[c] is not None else fields[c]
+            for c in columns]
+
+
+def _insert_sql(table: str, columns: list[str], rows: int, suffix: str = "") -> str:
+    row = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([row] * rows)}{suffix}"
+
+
+class PgWriter:
+    # single write function -> the async bulk form below
+    HANDLES: tuple[Callable[..., Any], ...] = (
+        services.session_create, services.tool_call_record, services.session_end)
+
+    def __init__(self) -> None:
+        self._conn: psycopg.AsyncConnection | None = None
+
+    async def _connection(self) -> psycopg.AsyncConnection:
+        if self._conn is None or self._conn.closed:
+            # The default database as Django sees it now (tests rename it to the test database).
+            s = connections["default"].settings_dict
+            self._conn = await psycopg.AsyncConnection.connect(
+                dbname=s["NAME"], user=s.get("USER") or None, password=s.get("PASSWORD") or None,
+                host=s.get("HOST") or None, port=s.get("PORT") or None, autocommit=True)
+        return self._conn
+
+    async def run(self, ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, Any]]:
+        """Results in the WriteBatcher's form: (True, value) or (False, exception), per op."""
+        from orsplatform.ors.store import StoreUnavailable, Unstorable
+
+        try:
+            conn = await self._connection()
+            async with conn.transaction():
+                return await self._grouped(conn, ops)
+        except (psycopg.errors.IntegrityError, psycopg.errors.DataError):
+            pass  # one bad row: redo them one by one below, so it fails alone
+        except psycopg.Error as exc:
+            await self.close()
+            return [(False, StoreUnavailable(str(exc)))] * len(ops)
+        results: list[tuple[bool, Any]] = []
+        for op in ops:
+            try:
+                async with conn.transaction():
+                    results.extend(await self._grouped(conn, [op]))
+            except psycopg.errors.IntegrityError as exc:
+                results.append((False, IntegrityError(str(exc))))
+            except psycopg.errors.DataError as exc:
+                results.append((False, Unstorable(str(exc))))
+            except psycopg.Error as exc:
+                await self.close()
+                results.append((False, StoreUnavailable(str(exc))))
+        return results
+
+    async def _grouped(self, conn: psycopg.AsyncConnection, ops: list[tuple[Callable[..., Any], dict]]
+                       ) -> list[tuple[bool, Any]]:
+        results: list[tuple[bool, Any] | None] = [None] * len(ops)
+        groups: dict[Callable[..., Any], list[int]] = {}
+        for i, (fn, _) in enumerate(ops):
+            groups.setdefault(fn, []).append(i)
+        async with conn.cursor() as cursor:
+            for fn, indexes in groups.items():
+                rows = [ops[i][1] for i in indexes]
+                if fn is services.session_create:
+                    now = services.timezone.now()
+                    params = [v for r in rows for v in _values(services.session_fields(r, now), SESSION_COLUMNS)]
+                    await cursor.execute(_insert_sql("episodes_session", SESSION_COLUMNS, len(rows),
+                                                     " RETURNING id"), params)
+                    ids = [r[0] for r in await cursor.fetchall()]
+                    for n, i in enumerate(indexes):
+                        results[i] = (True, ids[n])
+                    continue
+                if fn is services.tool_call_record:
+                    params = [v for r in rows for v in _values(services.tool_call_fields(r), CALL_COLUMNS)]
+                    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in services.TOOL_CALL_RESULT_FIELDS)
+                    await cursor.execute(_insert_sql("episodes_toolcall", CALL_COLUMNS, len(rows),
+                                                     f" ON CONFLICT (task_id) DO UPDATE SET {updates}"), params)
+                else:  # session_end
+                    params, without_totals = services.session_end_params(rows)
+                    await cursor.executemany(services.END_SQL, params)
+                    if without_totals:
+                        await cursor.executemany(services.TOTALS_SQL, without_totals)
+                for i in indexes:
+                    results[i] = (True, None)
+        return results  # type: ignore[return-value]
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            try:
+                await self._conn.close()
+            except Exception:
+                pass
+            self._conn = None
