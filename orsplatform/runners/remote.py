@@ -212,6 +212,8 @@ class CeleryExecutor(Executor):
         event = self._watch(sid)
         try:
             while True:
+                # Cleared before the read, so a wake-up arriving after the read is not lost.
+                event.clear()
                 state = await self._state(sid)
                 if state is not None:
                     if state["state"] == "ready":
@@ -225,7 +227,6 @@ class CeleryExecutor(Executor):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise SetupPending(sid)
-                event.clear()
                 try:
                     await asyncio.wait_for(event.wait(), min(remaining, settings.ORS_RUNNER_POLL_SECONDS))
                 except TimeoutError:
