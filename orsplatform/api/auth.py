@@ -56,15 +56,21 @@ class CatalogAccess(BasePermission):
         raise NotAuthenticated("An API key is required (X-API-Key or Authorization: Bearer).")
 
 
+def require_scope(request, scope: str) -> Caller:
+    """The request's key, which must carry `scope` (401 without a key, 403 without the scope)."""
+    caller = request.auth
+    if not isinstance(caller, Caller):
+        raise NotAuthenticated("An API key is required (X-API-Key or Authorization: Bearer).")
+    if not caller.can(scope):
+        raise PermissionDenied(f"This API key lacks the '{scope}' scope.")
+    return caller
+
+
 class TeamAccess(BasePermission):
     """Team data (sessions, the audit log): a key with the sessions scope."""
 
     def has_permission(self, request, view) -> bool:
-        caller = request.auth
-        if not isinstance(caller, Caller):
-            raise NotAuthenticated("An API key is required (X-API-Key or Authorization: Bearer).")
-        if not caller.can("sessions"):
-            raise PermissionDenied("This API key lacks the 'sessions' scope.")
+        require_scope(request, "sessions")
         return True
 
 

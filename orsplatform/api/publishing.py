@@ -11,13 +11,13 @@ from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotAuthenticated, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotAuthenticated, ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from orsplatform.api.auth import CatalogAccess, caller_of
+from orsplatform.api.auth import CatalogAccess, caller_of, require_scope
 from orsplatform.catalog import selectors
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split
@@ -44,11 +44,7 @@ class PublishAccess(BasePermission):
     def has_permission(self, request, view) -> bool:
         if request.method in ("GET", "HEAD", "OPTIONS"):
             return CatalogAccess().has_permission(request, view)
-        caller = request.auth
-        if not isinstance(caller, Caller):
-            raise NotAuthenticated("An API key is required (X-API-Key or Authorization: Bearer).")
-        if not caller.can("publish"):
-            raise PermissionDenied("This API key lacks the 'publish' scope.")
+        require_scope(request, "publish")
         return True
 
 

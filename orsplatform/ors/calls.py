@@ -60,24 +60,31 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
     # Whatever happens below, the waiting stream must end: `done` is set in the finally.
     try:
         started_at = timezone.now()
+        audit_input = storable(redact(tool_input, live.secrets))
         # Shared executors keep the running call findable by other gateways (reconnects) and by
         # the sweeper that records it should this gateway die; the audit row is written once, below.
         await app.executor.note_call(entry.task_id, {
-            "sid": live.sid, "session_pk": live.pk, "name": name, "input": redact(tool_input, live.secrets),
+            "sid": live.sid, "session_pk": live.pk, "name": name, "input": audit_input,
             "started_at": started_at.isoformat()})
-        outcome = await _execute(app, live, name, tool_input, entry.task_id)
+        outcome, encoded = await _execute(app, live, name, tool_input, entry.task_id)
         live.count_call(outcome.result)
+        # The audit log's copy: secrets stripped; NUL characters (which PostgreSQL cannot store)
+        # replaced only when the encoded result shows one, so an ordinary call is not walked.
+        audit_result = redact(outcome.result, live.secrets)
+        if encoded is not None and b"\\u0000" in encoded:
+            audit_result = storable(audit_result)
         try:
             await app.store.tool_call_record(
-                session_pk=live.pk, task_id=entry.task_id, name=storable(name),
-                input=storable(redact(tool_input, live.secrets)), result=storable(redact(outcome.result, live.secrets)),
-                exception=storable(outcome.exception), started_at=started_at, finished_at=timezone.now(),
+                session_pk=live.pk, task_id=entry.task_id, name=storable(name), input=audit_input,
+                result=audit_result, exception=storable(outcome.exception), started_at=started_at,
+                finished_at=timezone.now(),
             )
         except Exception:
             log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
         else:
             await app.executor.forget_call(entry.task_id)
-        entry.result_json, entry.exception = _encode(outcome)
+        entry.result_json = encoded.decode() if encoded is not None else None
+        entry.exception = outcome.exception
     except Exception as exc:
         log.exception("tool call %s of session %s failed in the platform", entry.task_id, live.sid)
         entry.exception = f"The platform could not complete the call ({type(exc).__name__})."
@@ -87,17 +94,20 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
         entry.done.set()
 
 
-async def _execute(app: OrsApp, live: LiveSession, name: str, tool_input: dict, task_id: str) -> CallOutcome:
+async def _execute(app: OrsApp, live: LiveSession, name: str, tool_input: dict, task_id: str
+                   ) -> tuple[CallOutcome, bytes | None]:
+    """The call's outcome and its result encoded once for the wire (None without a result)."""
     try:
         outcome = await app.executor.call(live.sid, name, tool_input, live.env.tool_timeout, task_id)
     except UnknownSession:
-        return CallOutcome(exception="Session was deleted during the call.")
+        return CallOutcome(exception="Session was deleted during the call."), None
+    if outcome.result is None:
+        return outcome, None
     try:
-        orjson.dumps(outcome.result)
+        return outcome, orjson.dumps(outcome.result)
     except (TypeError, orjson.JSONEncodeError) as exc:
         # e.g. a lone surrogate in a text block: the result cannot go on the wire or in the log.
-        return CallOutcome(exception=f"The tool's result is not valid JSON: {exc}")
-    return outcome
+        return CallOutcome(exception=f"The tool's result is not valid JSON: {exc}"), None
 
 
 def storable(value: Any) -> Any:
