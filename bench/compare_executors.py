@@ -63,10 +63,12 @@ def start_runner(name: str, prefix: str, workdir: Path) -> subprocess.Popen:
 def wait_for_runners(prefix: str, count: int, timeout: float = 60) -> None:
     import redis
 
+    from orsplatform.runners.keys import Keys, live_runner_names
+
     client = redis.Redis.from_url(REDIS_URL)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if len(list(client.scan_iter(match=f"{prefix}:runner:*"))) >= count:
+        if len(live_runner_names(client, Keys(prefix), 5.0)) >= count:
             return
         time.sleep(0.1)  # polling interval while waiting on the heartbeats
     raise SetupError(f"{count} runner heartbeats did not appear within {timeout:g}s")

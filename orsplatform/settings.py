@@ -183,6 +183,8 @@ ORS_SESSION_CACHE_SECONDS = env_float("ORS_SESSION_CACHE_SECONDS", 1.0)
 ORS_RUNNER_POLL_SECONDS = env_float("ORS_RUNNER_POLL_SECONDS", 1.0)
 ORS_RUNNER_REPLY_TIMEOUT_SECONDS = env_float("ORS_RUNNER_REPLY_TIMEOUT_SECONDS", 60.0)
 ORS_RUNNER_GRACE_SECONDS = env_float("ORS_RUNNER_GRACE_SECONDS", 2.0)
+ORS_RUNNER_HEARTBEAT_TTL = env_float("ORS_RUNNER_HEARTBEAT_TTL", 5.0)  # as the nodes set it (node.py)
+ORS_STATE_TTL_SECONDS = env_float("ORS_STATE_TTL_SECONDS", 86400.0)  # session records in Redis
 ORS_RESULT_TTL_SECONDS = env_float("ORS_RESULT_TTL_SECONDS", 3600.0)  # runners' results kept in Redis
 # A running call whose gateway has not recorded it after this long is recorded by the sweeper.
 ORS_ORPHAN_AFTER_SECONDS = env_float("ORS_ORPHAN_AFTER_SECONDS", 30.0)

@@ -28,14 +28,18 @@ def _redis_checks() -> dict[str, str]:
     """The broker/Redis answers, and (celery executor) at least one runner node has a heartbeat."""
     import redis
 
+    from orsplatform.runners.keys import Keys, live_runner_names
+
     checks: dict[str, str] = {}
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
         client.ping()
         checks["broker"] = "ok"
         if settings.ORS_EXECUTOR == "celery":
-            runners = list(client.scan_iter(match=f"{settings.ORS_REDIS_PREFIX}:runner:*", count=100))
-            checks["runners"] = f"{len(runners)} live" if runners else "none"
+            keys = Keys(settings.ORS_REDIS_PREFIX)
+            names = live_runner_names(client, keys, settings.ORS_RUNNER_HEARTBEAT_TTL)
+            live = sum(1 for beat in (client.mget([keys.runner(n) for n in names]) if names else []) if beat)
+            checks["runners"] = f"{live} live" if live else "none"
     except Exception:
         checks["broker"] = "down"
     return checks

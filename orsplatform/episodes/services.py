@@ -185,20 +185,21 @@ def open_session_runners() -> list[str]:
                 .values_list("runner", flat=True).distinct())
 
 
-def sessions_mark_lost(*, runner: str, limit: int) -> int:
+def sessions_mark_lost(*, runner: str, limit: int) -> list[str]:
     """A runner's heartbeat stopped: its open sessions are lost and their running calls end with an
-    error. Returns how many sessions were marked (a full batch means: call again)."""
+    error. Returns the sids marked (a full batch means: call again)."""
     now = timezone.now()
     with transaction.atomic():
-        pks = list(Session.objects.select_for_update(skip_locked=True)
-                   .filter(runner=runner, status__in=OPEN).values_list("pk", flat=True)[:limit])
+        rows = list(Session.objects.select_for_update(skip_locked=True)
+                    .filter(runner=runner, status__in=OPEN).values_list("pk", "sid")[:limit])
+        pks = [pk for pk, _ in rows]
         if pks:
             Session.objects.filter(pk__in=pks, status__in=OPEN).update(
                 status=Session.Status.LOST, ended_at=now, error=f"Runner {runner} stopped.")
             ToolCall.objects.filter(session_id__in=pks, status=ToolCall.Status.RUNNING).update(
                 status=ToolCall.Status.ERROR, error="Runner lost: the node holding this session stopped.",
                 finished_at=now)
-    return len(pks)
+    return [sid for _, sid in rows]
 
 
 def tool_call_exists(*, task_id: str) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import timedelta
 
 import redis
@@ -17,6 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from orsplatform.episodes import services
+from orsplatform.runners.keys import Keys
 
 log = logging.getLogger(__name__)
 BATCH = 500
@@ -26,8 +28,8 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
-def _key(kind: str, name: str) -> str:
-    return f"{settings.ORS_REDIS_PREFIX}:{kind}:{name}"
+def _keys() -> Keys:
+    return Keys(settings.ORS_REDIS_PREFIX)
 
 
 @shared_task(name="orsplatform.episodes.tasks.reap_idle_sessions")
@@ -38,7 +40,7 @@ def reap_idle_sessions() -> int:
     expired = services.sessions_expire_idle(idle_before=idle_before, limit=BATCH)
     for sid, runner in expired:
         app.send_task("ors.runner.teardown", args=[sid], queue=worker_direct(runner))
-        _redis().set(_key("state", sid), json.dumps({"state": "gone"}), ex=3600)
+        _redis().set(_keys().state(sid), json.dumps({"state": "gone"}), ex=int(settings.ORS_STATE_TTL_SECONDS))
     if len(expired) == BATCH:
         reap_idle_sessions.delay()
     if expired:
@@ -51,10 +53,17 @@ def fail_lost_runners() -> int:
     client = _redis()
     marked = 0
     for runner in services.open_session_runners():
-        if client.exists(_key("runner", runner)):
+        if client.exists(_keys().runner(runner)):
             continue
-        count = services.sessions_mark_lost(runner=runner, limit=BATCH)
+        sids = services.sessions_mark_lost(runner=runner, limit=BATCH)
+        count = len(sids)
         marked += count
+        if sids:  # no gateway serves them from their Redis record any more
+            gone = json.dumps({"state": "gone"})
+            pipe = client.pipeline(transaction=False)
+            for sid in sids:
+                pipe.set(_keys().state(sid), gone, ex=int(settings.ORS_STATE_TTL_SECONDS))
+            pipe.execute()
         log.warning("runner %s has no heartbeat: %d sessions marked lost", runner, count)
         if count == BATCH:
             fail_lost_runners.delay()
@@ -70,25 +79,27 @@ def finish_orphaned_calls() -> int:
     from datetime import datetime
 
     client = _redis()
+    keys = _keys()
     now = timezone.now()
     recorded = 0
-    for key in client.scan_iter(match=_key("call", "*"), count=1000):
-        raw = client.get(key)
-        if raw is None:
+    # Running calls are indexed by start time: only those old enough to be orphans are looked at.
+    old_enough = time.time() - settings.ORS_ORPHAN_AFTER_SECONDS
+    for raw_id in client.zrangebyscore(keys.calls, "-inf", old_enough, start=0, num=BATCH):
+        task_id = raw_id.decode()
+        raw = client.get(keys.call(task_id))
+        if raw is None:  # recorded by its gateway, or expired
+            client.zrem(keys.calls, task_id)
             continue
         marker = json.loads(raw)
-        task_id = key.decode().rsplit(":", 1)[1]
         if services.tool_call_exists(task_id=task_id):
-            client.delete(key)
+            client.pipeline(transaction=False).delete(keys.call(task_id)).zrem(keys.calls, task_id).execute()
             continue
         started_at = datetime.fromisoformat(marker["started_at"])
-        if (now - started_at).total_seconds() < settings.ORS_ORPHAN_AFTER_SECONDS:
-            continue
-        result_raw = client.get(_key("result", task_id))
+        result_raw = client.get(keys.result(task_id))
         if result_raw is not None:
             payload = json.loads(result_raw)
-            result, exception = payload.get("result"), payload.get("exception")
-        elif not client.exists(_key("runner", marker.get("runner", ""))):
+            result, exception = payload.get("audit", payload.get("result")), payload.get("exception")
+        elif not client.exists(keys.runner(marker.get("runner", ""))):
             result, exception = None, "Runner lost: the node holding this session stopped."
         else:
             continue  # still running on a live runner
@@ -97,9 +108,8 @@ def finish_orphaned_calls() -> int:
             "input": marker["input"], "result": result, "exception": exception,
             "started_at": started_at, "finished_at": now,
         }])
-        client.delete(key)
+        client.pipeline(transaction=False).delete(keys.call(task_id)).zrem(keys.calls, task_id).execute()
         recorded += 1
-        if recorded >= BATCH:
-            finish_orphaned_calls.delay()
-            break
+    if recorded >= BATCH:
+        finish_orphaned_calls.delay()
     return recorded

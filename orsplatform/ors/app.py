@@ -225,34 +225,43 @@ class OrsApp:
     async def _live_session(self, req: Request, caller: Caller) -> LiveSession:
         sid = require_sid(req)
         live = self.sessions.get(sid)
-        if live is not None and live.adopted_at is not None and (
+        if live is not None and live.team_id == caller.team_id and live.adopted_at is not None and (
                 time.monotonic() - live.adopted_at > settings.ORS_SESSION_CACHE_SECONDS):
             # Another gateway may have ended it since: read the row again (keeping this gateway's
             # unflushed activity if it is still open).
-            row = await self.store.session_for(caller, sid) if live.team_id == caller.team_id else None
+            row = await self.store.session_for(caller, sid)
             if row is not None and row.status in (Session.Status.CREATING, Session.Status.READY):
                 live.adopted_at = time.monotonic()
             else:
                 self.sessions.pop(sid, None)
-                live = None
+                self.executor.detach(sid)
+                raise await self.session_gone_error(caller, sid)
         if live is None and self.executor.shared:
-            live = await self._adopt(caller, sid)
+            live = await self.adopt(caller, sid)
         if live is not None and live.team_id == caller.team_id and not live.deleted:
             live.touch()
             return live
         raise await self.session_gone_error(caller, sid)
 
-    async def _adopt(self, caller: Caller, sid: str) -> LiveSession | None:
-        """A session created by another gateway, served here too (shared executors only)."""
-        row = await self.store.session_for(caller, sid)
-        if row is None or row.status not in (Session.Status.CREATING, Session.Status.READY):
-            return None
-        env = await self.store.version(row.version_id)
+    async def adopt(self, caller: Caller, sid: str) -> LiveSession | None:
+        """A session created by another gateway, served here too (shared executors only): from
+        the executor's record of it when there is one (no database read), else from its row."""
+        record = await self.executor.shared_record(sid)
+        if record is not None and record.get("pk") is not None:
+            if record.get("team") != caller.team_id or record.get("state") not in ("starting", "ready"):
+                return None  # another team's, or ended: the caller gets the row's answer
+            pk, version_id, runner = record["pk"], record["version"], record["runner"]
+        else:
+            row = await self.store.session_for(caller, sid)
+            if row is None or row.status not in (Session.Status.CREATING, Session.Status.READY):
+                return None
+            pk, version_id, runner = row.pk, row.version_id, row.runner
+        env = await self.store.version(version_id)
         if env is None:
             return None
-        live = LiveSession(sid=sid, pk=row.pk, team_id=caller.team_id, env=env, runner=row.runner,
+        live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, runner=runner,
                            adopted_at=time.monotonic())
-        self.executor.attach(sid, row.runner)
+        self.executor.attach(sid, runner)
         self.sessions[sid] = live
         return live
 
@@ -321,6 +330,7 @@ class OrsApp:
         for live in list(self.sessions.values()):
             if live.adopted_at is not None and now - live.adopted_at > max(timeout, 60):
                 self.sessions.pop(live.sid, None)  # a cached copy nobody asked for in a long while
+                self.executor.detach(live.sid)
                 continue
             # With a shared executor, idle expiry is the beat's job (it sees every gateway's activity).
             if not self.executor.shared and now - live.last_activity > timeout and not live.busy():

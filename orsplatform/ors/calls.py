@@ -58,19 +58,20 @@ async def call(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -
 
 async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool_input: dict) -> None:
     # Whatever happens below, the waiting stream must end: `done` is set in the finally.
+    recorded = False
     try:
         started_at = timezone.now()
         audit_input = storable(redact(tool_input, live.secrets))
         # Shared executors keep the running call findable by other gateways (reconnects) and by
         # the sweeper that records it should this gateway die; the audit row is written once, below.
-        await app.executor.note_call(entry.task_id, {
-            "sid": live.sid, "session_pk": live.pk, "name": name, "input": audit_input,
-            "started_at": started_at.isoformat()})
-        outcome, encoded = await _execute(app, live, name, tool_input, entry.task_id)
+        note = {"sid": live.sid, "session_pk": live.pk, "name": name, "input": audit_input,
+                "started_at": started_at.isoformat()}
+        outcome, encoded = await _execute(app, live, name, tool_input, entry.task_id, note)
         live.count_call(outcome.result)
-        # The audit log's copy: secrets stripped; NUL characters (which PostgreSQL cannot store)
-        # replaced only when the encoded result shows one, so an ordinary call is not walked.
-        audit_result = redact(outcome.result, live.secrets)
+        # The audit log's copy: secrets stripped (by the executor that holds them, or here);
+        # NUL characters (which PostgreSQL cannot store) replaced only when the encoded result
+        # shows one, so an ordinary call is not walked.
+        audit_result = outcome.audit if outcome.audit is not None else redact(outcome.result, live.secrets)
         if encoded is not None and b"\\u0000" in encoded:
             audit_result = storable(audit_result)
         try:
@@ -79,10 +80,9 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
                 result=audit_result, exception=storable(outcome.exception), started_at=started_at,
                 finished_at=timezone.now(),
             )
+            recorded = True
         except Exception:
             log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
-        else:
-            await app.executor.forget_call(entry.task_id)
         entry.result_json = encoded.decode() if encoded is not None else None
         entry.exception = outcome.exception
     except Exception as exc:
@@ -92,13 +92,19 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
         entry.finished_at = time.monotonic()
         live.touch()
         entry.done.set()
+    if recorded:
+        # After the stream is woken: the client does not wait for this clean-up.
+        try:
+            await app.executor.forget_call(entry.task_id)
+        except Exception as exc:  # the marker expires on its own; the sweeper finds the row written
+            log.warning("could not drop the marker of call %s: %s", entry.task_id, exc)
 
 
-async def _execute(app: OrsApp, live: LiveSession, name: str, tool_input: dict, task_id: str
-                   ) -> tuple[CallOutcome, bytes | None]:
+async def _execute(app: OrsApp, live: LiveSession, name: str, tool_input: dict, task_id: str,
+                   note: dict) -> tuple[CallOutcome, bytes | None]:
     """The call's outcome and its result encoded once for the wire (None without a result)."""
     try:
-        outcome = await app.executor.call(live.sid, name, tool_input, live.env.tool_timeout, task_id)
+        outcome = await app.executor.call(live.sid, name, tool_input, live.env.tool_timeout, task_id, note)
     except UnknownSession:
         return CallOutcome(exception="Session was deleted during the call."), None
     if outcome.result is None:

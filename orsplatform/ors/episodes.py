@@ -100,8 +100,9 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
                        runner=runner, adopted_at=time.monotonic() if app.executor.shared else None)
     app.sessions[sid] = live
     try:
-        await app.executor.start(SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,
-                                             task_spec=task_spec, secrets=secrets), runner)
+        await app.executor.start(SessionSpec(
+            sid=sid, package_path=env.package_path, entrypoint=env.entrypoint, task_spec=task_spec,
+            secrets=secrets, owner={"pk": pk, "team": caller.team_id, "version": env.version_id}), runner)
     except Exception as exc:
         # The runner could not be reached: undo, so a retry of this /create with the same id works.
         log.warning("could not start session %s on %s: %s", sid, runner, exc)
@@ -176,6 +177,9 @@ async def _end(app: OrsApp, live: LiveSession) -> None:
 async def delete(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
     sid = require_sid(req)
     live = app.sessions.get(sid)
+    if live is None and app.executor.shared:
+        # Created through another gateway: end it here, teardown on its runner included.
+        live = await app.adopt(caller, sid)
     if live is not None and live.team_id == caller.team_id:
         await _end(app, live)
         return {"sid": sid}

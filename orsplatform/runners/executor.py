@@ -16,6 +16,9 @@ class SessionSpec:
     task_spec: Any
     # Secrets live only in the memory of the process that runs the instance.
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
+    # Who the session belongs to ({"pk", "team", "version", "runner"}): shared executors keep it
+    # with the session so another gateway can serve it without reading the database.
+    owner: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class CallOutcome:
 
     result: dict | None = None
     exception: str | None = None
+    # The result with the session's secret values stripped, for the audit log, when the result
+    # contained one (set by the executor that holds the secrets; None: `result` is safe to store).
+    audit: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -55,6 +61,10 @@ class Executor(ABC):
     def attach(self, sid: str, runner: str) -> None:  # noqa: B027 - a no-op unless sessions are shared
         """Tell this gateway where an existing session runs (one created by another gateway)."""
 
+    def detach(self, sid: str) -> None:  # noqa: B027 - a no-op unless sessions are shared
+        """This gateway stops serving a shared session (ended elsewhere, or not asked for in a
+        while); the instance itself is left alone."""
+
     @abstractmethod
     async def start(self, spec: SessionSpec, runner: str = "") -> None:
         """Begin creating the instance and running setup() in the background; return at once."""
@@ -72,19 +82,23 @@ class Executor(ABC):
         """The task-specific tool specs (list_task_tools), as wire dicts; shared ones are stored."""
 
     @abstractmethod
-    async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "") -> CallOutcome:
+    async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
+                   note: dict | None = None) -> CallOutcome:
         """Run one tool call; calls of one session run one at a time, and none after a call
-        returned finished=True (those answer ok=false, reason episode_finished)."""
+        returned finished=True (those answer ok=false, reason episode_finished). Shared executors
+        keep `note` (the call's redacted audit data) while it runs, so another gateway can follow
+        the call and a sweeper can record it should this gateway die."""
 
-    async def note_call(self, task_id: str, record: dict) -> None:  # noqa: B027 - no-op unless shared
-        """Remember a call while it runs (shared executors: so another gateway can follow it, and a
-        sweeper can record it if this gateway dies); `record` is its (redacted) audit data."""
+    async def shared_record(self, sid: str) -> dict | None:
+        """The session's record kept by a shared executor (state and SessionSpec.owner), so a
+        gateway that did not create it can serve it without a database read; None if unknown."""
+        return None
 
     async def forget_call(self, task_id: str) -> None:  # noqa: B027 - no-op unless shared
-        """The call's audit row is written; drop what note_call kept."""
+        """The call's audit row is written; drop the note kept while it ran."""
 
     async def call_record(self, task_id: str) -> dict | None:
-        """What note_call kept for a call still running somewhere (shared executors)."""
+        """The note kept for a call still running somewhere (shared executors)."""
         return None
 
     @abstractmethod

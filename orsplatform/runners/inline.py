@@ -135,7 +135,8 @@ class InlineExecutor(Executor):
             return []
         return [t.model_dump(mode="json") for t in (await self._run(instance.list_task_tools)).tools]
 
-    async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "") -> CallOutcome:
+    async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
+                   note: dict | None = None) -> CallOutcome:
         live, instance = self._instance(sid)
         async with live.lock:
             if live.finished:
@@ -144,6 +145,10 @@ class InlineExecutor(Executor):
                 outcome = await asyncio.wait_for(self._dispatch(instance, name, input), timeout)
                 if outcome.ok and outcome.result["output"].get("finished"):
                     live.finished = True
+                if live.secrets and outcome.result is not None:
+                    audit = redact(outcome.result, live.secrets)
+                    if audit != outcome.result:
+                        return CallOutcome(result=outcome.result, audit=audit)
                 return outcome
             except TimeoutError:
                 # A sync tool keeps running in its thread; the session stays usable for new calls.

@@ -8,9 +8,11 @@ settings, no SECRET_KEY, no database credentials. Gateways send it work on its o
 - replies to a request are published on the requesting gateway's channel ``{prefix}:gw:{gateway}``;
 - a finished call's result is also kept under ``{prefix}:result:{task_id}`` (the durable hand-off:
   whoever records the audit row reads it from there, so a lost wake-up costs latency, not data);
-- a session's setup state lives under ``{prefix}:state:{sid}``;
+- a session's record lives under ``{prefix}:state:{sid}``: its setup state, its owner (so any
+  gateway can serve it without a database read) and its initial prompt, and is broadcast to
+  every gateway when setup ends;
 - a heartbeat ``{prefix}:runner:{hostname}`` (with a short TTL) says the node is alive and how
-  loaded it is.
+  loaded it is; the sorted set ``{prefix}:runners`` lists the nodes (see keys.py).
 
 Instances live in an InlineExecutor on one background event loop, so a node has exactly the
 semantics of the embedded executor: sync tools in a thread pool, async tools on the loop, one call
@@ -23,6 +25,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -33,6 +36,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
 from orsplatform.runners.inline import InlineExecutor
+from orsplatform.runners.keys import INLINE_PAYLOAD_BYTES, Keys
 
 log = logging.getLogger("orsplatform.runner")
 
@@ -43,9 +47,13 @@ HEARTBEAT_SECONDS = float(os.environ.get("ORS_RUNNER_HEARTBEAT_SECONDS", "1"))
 HEARTBEAT_TTL = float(os.environ.get("ORS_RUNNER_HEARTBEAT_TTL", "5"))
 RESULT_TTL = int(os.environ.get("ORS_RESULT_TTL_SECONDS", "3600"))
 STATE_TTL = int(os.environ.get("ORS_STATE_TTL_SECONDS", "86400"))
-INLINE_RESULT_BYTES = 64 * 1024
 # A node dedicated to one team (its slug) runs only that team's sessions; empty: the shared pool.
 TEAM = os.environ.get("ORS_RUNNER_TEAM", "")
+KEYS = Keys(PREFIX)
+
+# Threads that block on a socket give up the GIL and must win it back: with Python's default 5 ms
+# switch interval, a busy tool thread makes every Redis reply wait for it (the "convoy effect").
+sys.setswitchinterval(float(os.environ.get("ORS_SWITCH_INTERVAL", "0.005")))
 
 app = Celery("ors-runner", broker=BROKER_URL)
 app.conf.update(
@@ -56,23 +64,10 @@ app.conf.update(
     worker_prefetch_multiplier=4,
     broker_connection_retry_on_startup=True,
     task_default_queue="ors-runners-unused",  # nothing is sent to a shared queue
+    # No unacked bookkeeping in Redis: it cost two extra round trips per message on the consumer
+    # thread, and bought nothing here (acks are early, and a dead node's sessions are lost anyway).
+    broker_transport_options={"ack_emulation": False},
 )
-
-
-def state_key(sid: str) -> str:
-    return f"{PREFIX}:state:{sid}"
-
-
-def result_key(task_id: str) -> str:
-    return f"{PREFIX}:result:{task_id}"
-
-
-def gateway_channel(gateway: str) -> str:
-    return f"{PREFIX}:gw:{gateway}"
-
-
-def runner_key(hostname: str) -> str:
-    return f"{PREFIX}:runner:{hostname}"
 
 
 class Node:
@@ -94,14 +89,18 @@ class Node:
 
     def publish(self, gateway: str, message: dict[str, Any]) -> None:
         if gateway:
-            self.redis.publish(gateway_channel(gateway), json.dumps(message))
+            self.redis.publish(KEYS.gateway(gateway), json.dumps(message))
 
     def heartbeat_forever(self) -> None:
         while not self._stop.is_set():
             try:
-                payload = json.dumps({"sessions": len(self.sessions), "at": time.time(), "pid": os.getpid(),
-                                      "team": TEAM})
-                self.redis.set(runner_key(self.hostname), payload, px=int(HEARTBEAT_TTL * 1000))
+                now = time.time()
+                payload = json.dumps({"sessions": len(self.sessions), "at": now, "pid": os.getpid(), "team": TEAM})
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.set(KEYS.runner(self.hostname), payload, px=int(HEARTBEAT_TTL * 1000))
+                pipe.zadd(KEYS.runners, {self.hostname: now})
+                pipe.zremrangebyscore(KEYS.runners, "-inf", now - 3600)  # nodes gone for an hour
+                pipe.execute()
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
             self._stop.wait(HEARTBEAT_SECONDS)
@@ -109,7 +108,8 @@ class Node:
     def stop(self) -> None:
         self._stop.set()
         try:
-            self.redis.delete(runner_key(self.hostname))
+            self.redis.pipeline(transaction=False).delete(KEYS.runner(self.hostname)).zrem(
+                KEYS.runners, self.hostname).execute()
         except redis.RedisError:
             pass
 
@@ -132,19 +132,36 @@ def _stop_heartbeat(**kwargs) -> None:
 # --- the work ----------------------------------------------------------------------------------
 
 
-async def _setup(spec: SessionSpec, gateway: str) -> None:
+async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
     node.sessions.add(spec.sid)
     await node.executor.start(spec)
+    state: dict[str, Any] = {**owner}
     try:
         await node.executor.wait_ready(spec.sid, float("inf"))
-        state = {"state": "ready"}
+        state["state"] = "ready"
+        try:
+            # The initial prompt (ORS: "the initial prompt for the current task"), computed once
+            # here so /prompt is answered from the session's record instead of a round trip to
+            # this node; if get_prompt() fails, /prompt asks the node and reports the error.
+            state["prompt"] = await node.executor.prompt(spec.sid)
+        except Exception:
+            pass
     except SetupFailed as exc:
-        state = {"state": "failed", "error": str(exc)}
+        state.update(state="failed", error=str(exc))
     except UnknownSession:
         state = {"state": "gone"}
-    node.redis.set(state_key(spec.sid), json.dumps(state), ex=STATE_TTL)
-    # Broadcast: any gateway may be waiting for this session's setup, not only the creator.
-    node.redis.publish(f"{PREFIX}:sessions", json.dumps({"kind": "state", "sid": spec.sid, **state}))
+    if spec.sid not in node.sessions:
+        state = {"state": "gone"}  # torn down while setting up: never resurrect it
+    encoded = json.dumps(state)
+    # Broadcast: any gateway may be waiting for this session's setup, not only the creator; a big
+    # prompt stays out of the message (gateways read it from the record).
+    message = {"kind": "state", "sid": spec.sid, **state}
+    if len(encoded) > INLINE_PAYLOAD_BYTES:
+        message.pop("prompt", None)
+    pipe = node.redis.pipeline(transaction=False)
+    pipe.set(KEYS.state(spec.sid), encoded, ex=STATE_TTL)
+    pipe.publish(KEYS.sessions, json.dumps(message))
+    pipe.execute()
 
 
 async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:
@@ -152,17 +169,22 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
     try:
         outcome = await node.executor.call(sid, name, tool_input, timeout, task_id)
         payload = {"result": outcome.result, "exception": outcome.exception}
+        if outcome.audit is not None:
+            payload["audit"] = outcome.audit  # the result with the session's secret values removed
     except UnknownSession:
         payload = {"result": None, "exception": "Session lost: this runner does not hold it."}
     payload.update(started_at=started, finished_at=time.time())
     encoded = json.dumps(payload)
-    node.redis.set(result_key(task_id), encoded, ex=RESULT_TTL)
     # Small results ride along with the wake-up (saving the gateway a read); large ones are read
-    # from the durable key.
+    # from the durable key. One round trip for both.
     message = {"kind": "call", "task_id": task_id}
-    if len(encoded) <= INLINE_RESULT_BYTES:
+    if len(encoded) <= INLINE_PAYLOAD_BYTES:
         message["payload"] = payload
-    node.publish(gateway, message)
+    pipe = node.redis.pipeline(transaction=False)
+    pipe.set(KEYS.result(task_id), encoded, ex=RESULT_TTL)
+    if gateway:
+        pipe.publish(KEYS.gateway(gateway), json.dumps(message))
+    pipe.execute()
 
 
 async def _reply(gateway: str, request_id: str, fn) -> None:
@@ -177,6 +199,7 @@ async def _reply(gateway: str, request_id: str, fn) -> None:
 
 async def _teardown(sid: str) -> None:
     node.sessions.discard(sid)
+    node.redis.set(KEYS.state(sid), json.dumps({"state": "gone"}), ex=STATE_TTL)
     await node.executor.stop(sid)
 
 
@@ -185,12 +208,13 @@ async def _teardown(sid: str) -> None:
 
 
 @app.task(name="ors.runner.setup")
-def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets: dict, gateway: str) -> None:
+def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets: dict, gateway: str,
+          owner: dict | None = None) -> None:
     if sid in node.sessions:
         return  # a redelivered setup
     spec = SessionSpec(sid=sid, package_path=package_path, entrypoint=entrypoint, task_spec=task_spec,
                        secrets=secrets)
-    node.submit(_setup(spec, gateway))
+    node.submit(_setup(spec, gateway, owner or {}))
 
 
 @app.task(name="ors.runner.call")

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -28,8 +29,10 @@ from orsplatform.runners.executor import (
     SetupPending,
     UnknownSession,
 )
+from orsplatform.runners.keys import Keys, decode
 
 log = logging.getLogger(__name__)
+RECORDS_KEPT = 4_000  # session records remembered from the broadcast (at most ~32 MB with prompts)
 
 
 def celery_message(task: str, args: list, queue: str, *, origin: str) -> str:
@@ -69,6 +72,7 @@ class CeleryExecutor(Executor):
 
     def __init__(self) -> None:
         self.prefix = settings.ORS_REDIS_PREFIX
+        self.keys = Keys(self.prefix)
         self.gateway = uuid.uuid4().hex[:12]
         self.redis = aioredis.from_url(settings.REDIS_URL)
         self._runners: dict[str, str] = {}  # sid -> runner hostname
@@ -79,11 +83,12 @@ class CeleryExecutor(Executor):
         self._missing_since: dict[str, float] = {}
         self._ready: set[str] = set()  # sessions seen ready: no more state reads for them
         self._results: dict[str, dict] = {}  # results that arrived with their wake-up message
+        # Session records broadcast by the runners when setup ends (most recent last, bounded):
+        # a gateway usually learns that a session is ready, who owns it and its prompt before the
+        # client's first request for it reaches this gateway.
+        self._records: OrderedDict[str, dict] = OrderedDict()
 
     # --- plumbing ---------------------------------------------------------------------------
-
-    def _key(self, kind: str, name: str) -> str:
-        return f"{self.prefix}:{kind}:{name}"
 
     async def _ensure_listener(self) -> None:
         if self._listener is None or self._listener.done():
@@ -97,7 +102,7 @@ class CeleryExecutor(Executor):
                 pubsub = self.redis.pubsub()
                 # This gateway's own channel (replies, its calls) and the broadcast of session states,
                 # since a session's setup may be awaited by any gateway.
-                await pubsub.subscribe(self._key("gw", self.gateway), f"{self.prefix}:sessions")
+                await pubsub.subscribe(self.keys.gateway(self.gateway), self.keys.sessions)
                 ready.set()
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
@@ -115,13 +120,24 @@ class CeleryExecutor(Executor):
             future = self._replies.pop(message.get("request", ""), None)
             if future is not None and not future.done():
                 future.set_result(message)
+            return
+        if kind == "state":
+            sid = message.get("sid", "")
+            self._remember(sid, message)
+            waiters = self._wakeups.get(sid, ())
         else:
-            key = message.get("task_id") or message.get("sid") or ""
+            key = message.get("task_id", "")
             waiters = self._wakeups.get(key, ())
             if "payload" in message and waiters:
                 self._results[key] = message["payload"]
-            for event in waiters:
-                event.set()
+        for event in waiters:
+            event.set()
+
+    def _remember(self, sid: str, record: dict) -> None:
+        self._records[sid] = record
+        self._records.move_to_end(sid)
+        while len(self._records) > RECORDS_KEPT:
+            self._records.popitem(last=False)
 
     def _watch(self, key: str) -> asyncio.Event:
         event = asyncio.Event()
@@ -135,25 +151,28 @@ class CeleryExecutor(Executor):
             if not waiters:
                 self._wakeups.pop(key, None)
 
-    async def _send(self, task: str, runner: str, *args: Any) -> None:
+    def _message(self, task: str, runner: str, *args: Any) -> tuple[str, str]:
         # The message goes straight onto the node's own queue list, in the format Celery's Redis
         # transport uses (protocol 2): one LPUSH on this event loop instead of a thread hop into
         # kombu, and no dependence on the exchange binding table (which a restarted Redis loses
         # until the node reconnects, so a routed message would be dropped).
         queue = worker_direct(runner).name
-        await self.redis.lpush(queue, celery_message(task, list(args), queue, origin=self.gateway))
+        return queue, celery_message(task, list(args), queue, origin=self.gateway)
+
+    async def _send(self, task: str, runner: str, *args: Any) -> None:
+        await self.redis.lpush(*self._message(task, runner, *args))
 
     async def runners(self) -> list[tuple[str, int, str]]:
         """Live runner nodes (name, session count, dedicated team), from heartbeats (cached 1 s)."""
         cached_at, runners = self._runner_cache
         if time.monotonic() - cached_at < 1.0:
             return runners
-        keys = [k async for k in self.redis.scan_iter(match=self._key("runner", "*"), count=500)]
-        values = await self.redis.mget(keys) if keys else []
+        names = [n.decode() for n in await self.redis.zrangebyscore(
+            self.keys.runners, time.time() - settings.ORS_RUNNER_HEARTBEAT_TTL, "+inf")]
+        values = await self.redis.mget([self.keys.runner(n) for n in names]) if names else []
         runners = []
-        for key, value in zip(keys, values, strict=True):
-            if value:
-                name = key.decode().split(":runner:", 1)[1]
+        for name, value in zip(names, values, strict=True):
+            if value:  # the index lags the heartbeat's TTL; the key is the truth
                 beat = json.loads(value)
                 runners.append((name, int(beat.get("sessions", 0)), beat.get("team", "")))
         self._runner_cache = (time.monotonic(), runners)
@@ -162,7 +181,7 @@ class CeleryExecutor(Executor):
     async def runner_alive(self, runner: str) -> bool:
         """Whether the node has a heartbeat, or lost it less than ORS_RUNNER_GRACE_SECONDS ago (a
         restarted Redis loses every heartbeat at once; live nodes write theirs again within a second)."""
-        if await self.redis.exists(self._key("runner", runner)):
+        if await self.redis.exists(self.keys.runner(runner)):
             self._missing_since.pop(runner, None)
             return True
         first_missing = self._missing_since.setdefault(runner, time.monotonic())
@@ -186,6 +205,11 @@ class CeleryExecutor(Executor):
     def attach(self, sid: str, runner: str) -> None:
         self._runners[sid] = runner
 
+    def detach(self, sid: str) -> None:
+        self._runners.pop(sid, None)
+        self._ready.discard(sid)
+        self._records.pop(sid, None)
+
     def _runner_of(self, sid: str) -> str:
         runner = self._runners.get(sid)
         if runner is None:
@@ -196,12 +220,29 @@ class CeleryExecutor(Executor):
         await self._ensure_listener()
         runner = runner or await self.place()
         self._runners[spec.sid] = runner
-        await self._send("ors.runner.setup", runner, spec.sid, spec.package_path, spec.entrypoint,
-                         spec.task_spec, dict(spec.secrets), self.gateway)
+        owner = {**spec.owner, "runner": runner}
+        # The record first, then the work, in one round trip: another gateway can serve the
+        # session from the record while setup runs.
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(self.keys.state(spec.sid), json.dumps({"state": "starting", **owner}),
+                 ex=int(settings.ORS_STATE_TTL_SECONDS))
+        pipe.lpush(*self._message("ors.runner.setup", runner, spec.sid, spec.package_path, spec.entrypoint,
+                                  spec.task_spec, dict(spec.secrets), self.gateway, owner))
+        await pipe.execute()
 
     async def _state(self, sid: str) -> dict | None:
-        raw = await self.redis.get(self._key("state", sid))
-        return json.loads(raw) if raw else None
+        record = decode(await self.redis.get(self.keys.state(sid)))
+        if record is not None and record.get("state") != "starting":
+            self._remember(sid, record)
+        return record
+
+    async def shared_record(self, sid: str) -> dict | None:
+        # Always read: a session deleted through another gateway says "gone" there at once. A
+        # record naming a node without a heartbeat is not trusted (the row says whether it is lost).
+        record = await self._state(sid)
+        if record is not None and record.get("runner") not in {r[0] for r in await self.runners()}:
+            return None
+        return record
 
     async def wait_ready(self, sid: str, timeout: float) -> None:
         runner = self._runner_of(sid)
@@ -214,8 +255,8 @@ class CeleryExecutor(Executor):
             while True:
                 # Cleared before the read, so a wake-up arriving after the read is not lost.
                 event.clear()
-                state = await self._state(sid)
-                if state is not None:
+                state = self._records.get(sid) or await self._state(sid)
+                if state is not None and state["state"] != "starting":
                     if state["state"] == "ready":
                         self._ready.add(sid)
                         return
@@ -261,38 +302,47 @@ class CeleryExecutor(Executor):
         raise RuntimeError(message["error"])
 
     async def prompt(self, sid: str) -> list[dict]:
+        # The initial prompt was computed by the runner when setup ended (node.py): from the
+        # broadcast, else from the record; the runner is asked only when neither has it.
+        record = self._records.get(sid)
+        if record is None or "prompt" not in record:
+            record = await self._state(sid)
+        if record is not None and record.get("state") == "ready" and "prompt" in record:
+            return record["prompt"]
         return await self._request("ors.runner.prompt", sid)
 
     async def task_tools(self, sid: str) -> list[dict]:
         return await self._request("ors.runner.task_tools", sid)
 
-    async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "") -> CallOutcome:
+    async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
+                   note: dict | None = None) -> CallOutcome:
         runner = self._runner_of(sid)
         await self._ensure_listener()
         task_id = task_id or uuid.uuid4().hex
         event = self._watch(task_id)
         try:
-            await self._send("ors.runner.call", runner, sid, task_id, name, input, timeout, self.gateway)
+            # The call's marker and the work in one round trip.
+            pipe = self.redis.pipeline(transaction=False)
+            if note is not None:
+                marker = {**note, "runner": runner, "gateway": self.gateway}
+                pipe.set(self.keys.call(task_id), json.dumps(marker), ex=int(settings.ORS_RESULT_TTL_SECONDS))
+                pipe.zadd(self.keys.calls, {task_id: time.time()})
+            pipe.lpush(*self._message("ors.runner.call", runner, sid, task_id, name, input, timeout, self.gateway))
+            await pipe.execute()
             return await self._await_result(task_id, runner, timeout, event)
         finally:
             self._unwatch(task_id, event)
 
-    async def note_call(self, task_id: str, record: dict) -> None:
-        record = {**record, "runner": self._runners.get(record.get("sid", ""), ""), "gateway": self.gateway}
-        await self.redis.set(self._key("call", task_id), json.dumps(record),
-                             ex=int(settings.ORS_RESULT_TTL_SECONDS))
-
     async def forget_call(self, task_id: str) -> None:
-        await self.redis.delete(self._key("call", task_id))
+        await self.redis.pipeline(transaction=False).delete(self.keys.call(task_id)).zrem(
+            self.keys.calls, task_id).execute()
 
     async def call_record(self, task_id: str) -> dict | None:
-        raw = await self.redis.get(self._key("call", task_id))
-        return json.loads(raw) if raw else None
+        return decode(await self.redis.get(self.keys.call(task_id)))
 
     async def result(self, task_id: str) -> dict | None:
         """A finished call's result as the runner left it (None while it runs)."""
-        raw = await self.redis.get(self._key("result", task_id))
-        return json.loads(raw) if raw else None
+        return decode(await self.redis.get(self.keys.result(task_id)))
 
     async def wait_result(self, task_id: str, runner: str, timeout: float) -> CallOutcome:
         """Wait for a call started elsewhere (a reconnect on another gateway)."""
@@ -315,7 +365,8 @@ class CeleryExecutor(Executor):
             # The wake-up usually carries the result; the durable copy is read when it does not.
             payload = self._results.pop(task_id, None) or await self.result(task_id)
             if payload is not None:
-                return CallOutcome(result=payload["result"], exception=payload["exception"])
+                return CallOutcome(result=payload["result"], exception=payload["exception"],
+                                   audit=payload.get("audit"))
             if not await self.runner_alive(runner):
                 return CallOutcome(exception="Runner lost: the node holding this session stopped.")
             if time.monotonic() > deadline:
@@ -323,10 +374,16 @@ class CeleryExecutor(Executor):
 
     async def stop(self, sid: str) -> None:
         self._ready.discard(sid)
+        self._records.pop(sid, None)
         runner = self._runners.pop(sid, None)
         if runner is not None:
             try:
-                await self._send("ors.runner.teardown", runner, sid)
+                # The record says "gone" at once, so no other gateway adopts the session while
+                # the teardown waits in the node's queue.
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.set(self.keys.state(sid), json.dumps({"state": "gone"}), ex=int(settings.ORS_STATE_TTL_SECONDS))
+                pipe.lpush(*self._message("ors.runner.teardown", runner, sid))
+                await pipe.execute()
             except Exception as exc:
                 log.warning("could not send teardown of %s to %s: %s", sid, runner, exc)
 

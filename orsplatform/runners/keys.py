@@ -1,0 +1,58 @@
+"""The Redis names shared by gateways, runner nodes and the beat tasks (one place, so they agree).
+No Django here: runner nodes import it without settings.
+
+Nothing is ever found with SCAN: the keyspace holds a key per session and per call result, and a
+SCAN every second per gateway over millions of them was the largest cost of the celery path. Sets
+that must be listed (live runners, running calls) are kept as sorted sets next to their keys.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+# A published message carries a payload (a call's result, a session's prompt) only up to this
+# size; bigger ones are read from their durable key, so every gateway does not decode them.
+INLINE_PAYLOAD_BYTES = 8 * 1024
+
+
+class Keys:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        # Sorted sets: member -> unix time of the last heartbeat / of the call's start.
+        self.runners = f"{prefix}:runners"
+        self.calls = f"{prefix}:calls"
+        # Channel every gateway listens on: session states (any gateway may await a setup).
+        self.sessions = f"{prefix}:sessions"
+
+    def runner(self, hostname: str) -> str:
+        """A node's heartbeat (JSON: sessions, team, pid), with a TTL of a few heartbeats."""
+        return f"{self.prefix}:runner:{hostname}"
+
+    def state(self, sid: str) -> str:
+        """A session's shared record: setup state, who owns it (pk, team, version, runner), the
+        initial prompt once setup is done; {"state": "gone"} once torn down."""
+        return f"{self.prefix}:state:{sid}"
+
+    def result(self, task_id: str) -> str:
+        """A finished call's result as its runner left it (the durable hand-off)."""
+        return f"{self.prefix}:result:{task_id}"
+
+    def call(self, task_id: str) -> str:
+        """A running call's marker (redacted audit data), kept by its gateway until its row is written."""
+        return f"{self.prefix}:call:{task_id}"
+
+    def gateway(self, gateway: str) -> str:
+        """A gateway's own channel: replies and its calls' results."""
+        return f"{self.prefix}:gw:{gateway}"
+
+
+def live_runner_names(client: Any, keys: Keys, ttl: float) -> list[str]:
+    """Names of nodes that beat within `ttl` seconds (sync client; the index may list a node whose
+    heartbeat key has just expired, so callers that need certainty read the key)."""
+    return [n.decode() for n in client.zrangebyscore(keys.runners, time.time() - ttl, "+inf")]
+
+
+def decode(raw: bytes | None) -> dict | None:
+    return json.loads(raw) if raw else None
