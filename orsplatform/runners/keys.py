@@ -22,7 +22,7 @@ class Keys:
         self.prefix = prefix
         # Sorted sets: member -> unix time of the last heartbeat / of the call's start.
         self.runners = f"{prefix}:runners"
-        self.calls = f"{prefix}:calls"
+        self.calls = f"{prefix}:running-calls"
         # Channel every gateway listens on: session states (any gateway may await a setup).
         self.sessions = f"{prefix}:sessions"
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 import threading
 import time
+import uuid
 
 import httpx
 import pytest
@@ -31,6 +33,7 @@ PROBE = textwrap.dedent('''
     class Probe(Environment):
         def __init__(self, task_spec=None, secrets=None):
             super().__init__(task_spec or {}, secrets or {})
+            self.token = (secrets or {}).get("token", "")
 
         @classmethod
         def list_splits(cls):
@@ -48,6 +51,11 @@ PROBE = textwrap.dedent('''
             """Sleeps."""
             await asyncio.sleep(params.seconds)
             return ToolOutput(blocks=[TextBlock(text="rested")], reward=1.0)
+
+        @tool
+        def reveal(self) -> ToolOutput:
+            """Echoes the session's secret, as careless environment code might."""
+            return ToolOutput(blocks=[TextBlock(text="token=" + self.token)])
 
         @tool
         def surroundings(self) -> ToolOutput:
@@ -132,6 +140,45 @@ def test_runner_nodes_hold_no_platform_credentials(cluster, server_factory, owne
     seen = sse_result(call(gateway.url, owner, sid, probe, "surroundings", {}).text)["output"]["metadata"]
     assert not {"DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"} & set(seen["env"])
     assert "secret_key" not in seen  # Django settings are not configured in a runner
+
+
+def test_a_secret_echoed_through_another_gateway_is_kept_out_of_the_audit_log(cluster, server_factory, owner,
+                                                                              probe):
+    cluster.start_runner()
+    a = server_factory(**cluster.env())
+    b = server_factory(**cluster.env())
+    secret = "canary-" + uuid.uuid4().hex
+    sid = httpx.post(f"{a.url}/create_session", headers=owner.headers).json()["sid"]
+    r = httpx.post(f"{a.url}/{probe}/create", headers={**owner.headers, "X-Session-ID": sid},
+                   json={"split": "train", "index": 0, "secrets": {"token": secret}}, timeout=30)
+    assert r.status_code == 200, r.text
+    # Gateway B never saw the secrets (they live on the runner): the runner strips them from the
+    # audit copy; the client still gets the result exactly as the environment produced it.
+    result = sse_result(call(b.url, owner, sid, probe, "reveal", {}).text)
+    assert result.get("ok"), result
+    assert result["output"]["blocks"][0]["text"] == f"token={secret}"
+    row = ToolCall.objects.get(session__sid=sid, name="reveal")
+    assert secret not in json.dumps(row.output) and "[redacted]" in json.dumps(row.output)
+
+
+def test_a_session_deleted_through_another_gateway_is_torn_down_on_its_runner(cluster, server_factory, owner):
+    runner = cluster.start_runner()
+    a = server_factory(**cluster.env())
+    b = server_factory(**cluster.env())
+    sid = open_session(a.url, owner, "math")
+
+    def held() -> int:
+        return json.loads(cluster.redis.get(f"{cluster.prefix}:runner:{runner}") or b"{}").get("sessions", -1)
+
+    wait_until(lambda: held() == 1, 10, "the runner reports the session")
+    # B never served the session before: it learns of it from its record and ends it on the runner.
+    assert httpx.post(f"{b.url}/delete", headers={**owner.headers, "X-Session-ID": sid}).status_code == 200
+    wait_until(lambda: held() == 0, 10, "the runner tore the instance down")
+    assert Session.objects.get(sid=sid).status == "deleted"
+    r = httpx.get(f"{b.url}/math/prompt", headers={**owner.headers, "X-Session-ID": sid})
+    assert r.status_code == 410 and "detail" in r.json()
+    wait_until(lambda: httpx.get(f"{a.url}/math/prompt", headers={**owner.headers, "X-Session-ID": sid}
+                                 ).status_code == 410, 10, "410 on A once its copy is re-checked")
 
 
 def test_a_broker_restart_fails_requests_fast_and_recovers_without_a_restart(live_db, tmp_path, private_redis,
