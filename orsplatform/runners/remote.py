@@ -32,6 +32,7 @@ from orsplatform.runners.executor import (
 from orsplatform.runners.keys import Keys, decode
 
 log = logging.getLogger(__name__)
+FORGET_BATCH_SECONDS = 0.05
 RECORDS_KEPT = 4_000  # session records remembered from the broadcast (at most ~32 MB with prompts)
 
 
@@ -87,6 +88,8 @@ class CeleryExecutor(Executor):
         # a gateway usually learns that a session is ready, who owns it and its prompt before the
         # client's first request for it reaches this gateway.
         self._records: OrderedDict[str, dict] = OrderedDict()
+        self._forget: list[str] = []  # finished calls whose markers are dropped in the next batch
+        self._forget_task: asyncio.Task | None = None
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -221,6 +224,7 @@ class CeleryExecutor(Executor):
         runner = runner or await self.place()
         self._runners[spec.sid] = runner
         owner = {**spec.owner, "runner": runner}
+        self._remember(spec.sid, {"state": "starting", **owner})
         # The record first, then the work, in one round trip: another gateway can serve the
         # session from the record while setup runs.
         pipe = self.redis.pipeline(transaction=False)
@@ -232,8 +236,11 @@ class CeleryExecutor(Executor):
 
     async def _state(self, sid: str) -> dict | None:
         record = decode(await self.redis.get(self.keys.state(sid)))
-        if record is not None and record.get("state") != "starting":
-            self._remember(sid, record)
+        if record is not None:
+            known = self._records.get(sid)
+            # A read sent before the runner's update may answer after its broadcast: keep the newer.
+            if known is None or known.get("state") == "starting" or record.get("state") != "starting":
+                self._remember(sid, record)
         return record
 
     async def shared_record(self, sid: str) -> dict | None:
@@ -252,10 +259,15 @@ class CeleryExecutor(Executor):
         deadline = time.monotonic() + timeout
         event = self._watch(sid)
         try:
+            polled = False
             while True:
-                # Cleared before the read, so a wake-up arriving after the read is not lost.
+                # Cleared before the read, so a wake-up arriving after the read is not lost. The
+                # broadcast keeps `_records` current, so Redis is read only when this gateway has no
+                # record of the session or a wait ended without a wake-up (a lost broadcast).
                 event.clear()
-                state = self._records.get(sid) or await self._state(sid)
+                state = self._records.get(sid)
+                if state is None or polled:
+                    state = await self._state(sid)
                 if state is not None and state["state"] != "starting":
                     if state["state"] == "ready":
                         self._ready.add(sid)
@@ -263,15 +275,16 @@ class CeleryExecutor(Executor):
                     if state["state"] == "failed":
                         raise SetupFailed(state.get("error", "setup failed"))
                     raise UnknownSession(sid)
-                if not await self.runner_alive(runner):
+                if polled and not await self.runner_alive(runner):  # checked when a wait came up empty
                     raise RunnerLost(sid)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise SetupPending(sid)
                 try:
                     await asyncio.wait_for(event.wait(), min(remaining, settings.ORS_RUNNER_POLL_SECONDS))
+                    polled = False
                 except TimeoutError:
-                    pass
+                    polled = True
         finally:
             self._unwatch(sid, event)
 
@@ -334,8 +347,22 @@ class CeleryExecutor(Executor):
             self._unwatch(task_id, event)
 
     async def forget_call(self, task_id: str) -> None:
-        await self.redis.pipeline(transaction=False).delete(self.keys.call(task_id)).zrem(
-            self.keys.calls, task_id).execute()
+        # Markers are dropped in batches (the sweeper only looks at markers older than
+        # ORS_ORPHAN_AFTER_SECONDS and skips calls whose row exists): one round trip for many calls.
+        self._forget.append(task_id)
+        if self._forget_task is None or self._forget_task.done():
+            self._forget_task = asyncio.create_task(self._forget_soon())
+
+    async def _forget_soon(self) -> None:
+        await asyncio.sleep(FORGET_BATCH_SECONDS)  # gathers the calls that finish meanwhile
+        batch, self._forget = self._forget, []
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(*[self.keys.call(t) for t in batch])
+        pipe.zrem(self.keys.calls, *batch)
+        try:
+            await pipe.execute()
+        except Exception as exc:  # they expire anyway; the sweeper skips calls already recorded
+            log.warning("could not drop %d call markers: %s", len(batch), exc)
 
     async def call_record(self, task_id: str) -> dict | None:
         return decode(await self.redis.get(self.keys.call(task_id)))
@@ -388,6 +415,8 @@ class CeleryExecutor(Executor):
                 log.warning("could not send teardown of %s to %s: %s", sid, runner, exc)
 
     async def close(self) -> None:
+        if self._forget_task is not None:
+            await asyncio.gather(self._forget_task, return_exceptions=True)
         if self._listener is not None:
             self._listener.cancel()
         await self.redis.aclose()
