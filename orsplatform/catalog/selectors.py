@@ -128,6 +128,10 @@ def version_handle(*, version_id: int) -> EnvHandle | None:
     return None if version is None else _handle(version.environment, version)
 
 
+# The same read in SQL, for the hot path's async connection (orsplatform/ors/pg_writer.py).
+TASK_SPEC_SQL = "SELECT spec FROM catalog_task WHERE split_id = %s AND index = %s"
+
+
 def task_spec_get(*, split_id: int, index: int) -> Any:
     return Task.objects.filter(split_id=split_id, index=index).values_list("spec", flat=True).first()
 

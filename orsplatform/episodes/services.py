@@ -151,6 +151,9 @@ def session_end_params(rows: list[dict[str, Any]]) -> tuple[list[tuple], list[tu
     return params, [(r["pk"],) * 4 for r in rows if r.get("totals") is None]
 
 
+PROMPT_SQL = "UPDATE episodes_session SET prompt = %s WHERE id = %s AND prompt IS NULL"
+
+
 def session_record_prompt(*, pk: int, blocks: list[dict[str, Any]]) -> None:
     """Keep the prompt blocks of an episode for the session explorer and training-data exports.
     Only the first prompt is stored: clients may ask again (reconnects, retries) and the prompt of a

@@ -1,4 +1,4 @@
-"""The hot path's three writes on PostgreSQL, on the event loop itself.
+"""The hot path's writes (and its one uncached read, a task's spec) on PostgreSQL, on the event loop.
 
 On PostgreSQL a write is a network round trip or three; run on a worker thread, each of them also
 has to win the GIL back from a busy event loop, and that hand-off, not the database, was most of
@@ -29,6 +29,8 @@ SESSION_COLUMNS = ["sid", "team_id", "api_key_id", "environment_id", "version_id
 CALL_COLUMNS = ["session_id", "task_id", "name", "input", "output", "status", "reward", "finished", "error",
                 "started_at", "finished_at"]
 JSON_COLUMNS = {"task_spec", "input", "output"}
+# Keys of DATABASES OPTIONS that Django's backend consumes itself; the rest are libpq parameters.
+DJANGO_ONLY_OPTIONS = {"assume_role", "isolation_level", "pool", "server_side_binding"}
 
 
 def _dumps(value: Any) -> str:
@@ -48,18 +50,23 @@ def _insert_sql(table: str, columns: list[str], rows: int, suffix: str = "") -> 
 class PgWriter:
     # single write function -> the async bulk form below
     HANDLES: tuple[Callable[..., Any], ...] = (
-        services.session_create, services.tool_call_record, services.session_end)
+        services.session_create, services.tool_call_record, services.session_end,
+        services.session_record_prompt)
 
     def __init__(self) -> None:
         self._conn: psycopg.AsyncConnection | None = None
 
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed:
-            # The default database as Django sees it now (tests rename it to the test database).
+            # The default database as Django sees it now (tests rename it to the test database),
+            # with its libpq options too (DATABASE_URL's ?connect_timeout=, ?sslmode=, ...), as
+            # Django's own connections have them: without connect_timeout, a database that accepts
+            # connections but does not answer held every hot write (and its request) forever.
             s = connections["default"].settings_dict
+            options = {k: v for k, v in (s.get("OPTIONS") or {}).items() if k not in DJANGO_ONLY_OPTIONS}
             self._conn = await psycopg.AsyncConnection.connect(
                 dbname=s["NAME"], user=s.get("USER") or None, password=s.get("PASSWORD") or None,
-                host=s.get("HOST") or None, port=s.get("PORT") or None, autocommit=True)
+                host=s.get("HOST") or None, port=s.get("PORT") or None, **options, autocommit=True)
         return self._conn
 
     async def run(self, ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, Any]]:
@@ -112,6 +119,11 @@ class PgWriter:
                     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in services.TOOL_CALL_RESULT_FIELDS)
                     await cursor.execute(_insert_sql("episodes_toolcall", CALL_COLUMNS, len(rows),
                                                      f" ON CONFLICT (task_id) DO UPDATE SET {updates}"), params)
+                elif fn is services.session_record_prompt:
+                    # Off the request's path, but on a DB thread its ORM work held the GIL while
+                    # the loop served the episode's next request (the call): here it is one statement.
+                    await cursor.executemany(services.PROMPT_SQL,
+                                             [(Jsonb(r["blocks"], dumps=_dumps), r["pk"]) for r in rows])
                 else:  # session_end
                     params, without_totals = services.session_end_params(rows)
                     await cursor.executemany(services.END_SQL, params)
@@ -120,6 +132,21 @@ class PgWriter:
                 for i in indexes:
                     results[i] = (True, None)
         return results  # type: ignore[return-value]
+
+    async def fetch_value(self, sql: str, params: tuple) -> Any:
+        """The first column of the first row (None without one), read on the event loop; a lost
+        connection is reopened by the next read."""
+        from orsplatform.ors.store import StoreUnavailable
+
+        try:
+            conn = await self._connection()
+            async with conn.cursor() as cursor:
+                await cursor.execute(sql, params)
+                row = await cursor.fetchone()
+        except psycopg.Error as exc:
+            await self.close()
+            raise StoreUnavailable(str(exc)) from exc
+        return None if row is None else row[0]
 
     async def close(self) -> None:
         if self._conn is not None:

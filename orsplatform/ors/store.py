@@ -217,6 +217,8 @@ class Store:
             from orsplatform.ors.pg_writer import PgWriter
 
             pg_writers = [PgWriter() for _ in range(2)]
+        # Its own connection, so a read never waits behind a batch commit.
+        self._pg_reader = PgWriter() if pg_writers else None
         self.writes = WriteBatcher(self._pool, flushers=1, pg_writers=pg_writers)
 
     async def _run(self, fn: Callable[..., T], **kwargs: Any) -> T:
@@ -266,7 +268,10 @@ class Store:
         key = (split.id, split.revision, index)
         spec = self._tasks.get(key)
         if spec is None:
-            spec = await self._run(catalog.task_spec_get, split_id=split.id, index=index)
+            if self._pg_reader is not None:  # on the loop: no DB thread holding the GIL
+                spec = await self._pg_reader.fetch_value(catalog.TASK_SPEC_SQL, (split.id, index))
+            else:
+                spec = await self._run(catalog.task_spec_get, split_id=split.id, index=index)
             if spec is not None:
                 if len(self._tasks) >= 100_000:
                     self._tasks.clear()
@@ -315,6 +320,8 @@ class Store:
 
     async def aclose(self) -> None:
         await self.writes.aclose()
+        if self._pg_reader is not None:
+            await self._pg_reader.close()
 
     def close(self) -> None:
         self.writes.stop()
