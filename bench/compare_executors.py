@@ -47,6 +47,36 @@ except ImportError:  # pragma: no cover
     from bench.loadgen import format_table, install_fast_loop
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(*needles: str) -> float:
+    """CPU time (user + system) so far of the processes whose command line contains a needle."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if any(n in cmdline for n in needles):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / TICKS
+        except OSError:  # the process ended meanwhile
+            continue
+    return total
+
+
+def measure_with_cpu(name: str, url: str, key: str | None, load: LoadConfig,
+                     groups: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """`measure`, plus the CPU each process group used (cores over the run, warm-up included, and
+    per episode at the measured rate)."""
+    before = {group: cpu_seconds(*needles) for group, needles in groups.items()}
+    result = measure(name, url, key, load)
+    spent = {group: cpu_seconds(*needles) - before[group] for group, needles in groups.items()}
+    window = load.duration + load.warmup
+    result["cpu"] = {group: {"cores": seconds / window, "ms_per_episode": 1000 * seconds / window
+                             / max(result["episodes_per_s"], 1e-9)} for group, seconds in spent.items()}
+    return result
 
 
 def start_runner(name: str, prefix: str, workdir: Path) -> subprocess.Popen:
@@ -81,7 +111,8 @@ def bench_inline(database_url: str, load: LoadConfig, workdir: Path) -> dict[str
     url = f"http://127.0.0.1:{port}"
     with server_process("inline gateway", platform_command("uvicorn", port), env, url,
                         workdir / "inline.log", 60):
-        return measure("platform, inline executor", url, key, load)
+        return measure_with_cpu("platform, inline executor", url, key, load,
+                                {"gateways": (f"--port {port} ",), "redis": ("redis-server",)})
 
 
 def bench_celery(database_url: str, load: LoadConfig, workdir: Path, gateways: int, runners: int) -> dict[str, Any]:
@@ -93,15 +124,18 @@ def bench_celery(database_url: str, load: LoadConfig, workdir: Path, gateways: i
     try:
         wait_for_runners(prefix, runners)
         with contextlib.ExitStack() as stack:
-            urls = []
+            urls, ports = [], []
             for i in range(gateways):
                 port = free_port()
+                ports.append(port)
                 url = f"http://127.0.0.1:{port}"
                 stack.enter_context(server_process(f"celery gateway {i}", platform_command("uvicorn", port), env,
                                                    url, workdir / f"gateway{i}.log", 60))
                 urls.append(url)
-            return measure(f"platform, celery executor ({gateways} gateways, {runners} runners)",
-                           ",".join(urls), key, load)
+            groups = {"gateways": tuple(f"--port {p} " for p in ports), "runners": (f"@{prefix} ",),
+                      "redis": ("redis-server",)}
+            return measure_with_cpu(f"platform, celery executor ({gateways} gateways, {runners} runners)",
+                                    ",".join(urls), key, load, groups)
     finally:
         for node in nodes:
             stop_process(node)
@@ -133,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'side':<10} {'episodes/s':>11} {'call p50 ms':>12} {'call p99 ms':>12} {'errors':>7}")
     for name, result in results.items():
         call = result["endpoints"].get("call", {})
+        cpu = "  ".join(f"{group} {v['cores']:.2f} cores = {v['ms_per_episode']:.2f} ms/episode"
+                        for group, v in result.get("cpu", {}).items())
         print(f"{name:<10} {result['episodes_per_s']:>11.1f} {call.get('p50_ms', 0):>12.2f} "
-              f"{call.get('p99_ms', 0):>12.2f} {result['errors']:>7}")
+              f"{call.get('p99_ms', 0):>12.2f} {result['errors']:>7}   {cpu}")
     diff = results["celery"]["endpoints"]["call"]["p50_ms"] - results["inline"]["endpoints"]["call"]["p50_ms"]
     print(f"celery - inline /call p50: {diff:+.2f} ms (target <= +3 ms)")
     if args.json_out:

@@ -251,16 +251,18 @@ class OrsApp:
             if record.get("team") != caller.team_id or record.get("state") not in ("starting", "ready"):
                 return None  # another team's, or ended: the caller gets the row's answer
             pk, version_id, runner = record["pk"], record["version"], record["runner"]
+            holds_slot = record.get("slot", True)
         else:
             row = await self.store.session_for(caller, sid)
             if row is None or row.status not in (Session.Status.CREATING, Session.Status.READY):
                 return None
             pk, version_id, runner = row.pk, row.version_id, row.runner
+            holds_slot = True  # not known here: releasing a slot never taken is harmless
         env = await self.store.version(version_id)
         if env is None:
             return None
         live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, runner=runner,
-                           adopted_at=time.monotonic())
+                           adopted_at=time.monotonic(), holds_slot=holds_slot)
         self.executor.attach(sid, runner)
         self.sessions[sid] = live
         return live
@@ -293,7 +295,8 @@ class OrsApp:
     async def end_session(self, live: LiveSession, status: str) -> None:
         live.deleted = True
         self.sessions.pop(live.sid, None)
-        await self.limits.release_session(live.team_id, live.sid)
+        if live.holds_slot:
+            await self.limits.release_session(live.team_id, live.sid)
         await self.executor.stop(live.sid)
         # With a shared executor other gateways may have served calls: totals come from the audit log.
         totals = None if self.executor.shared else live.totals()

@@ -85,7 +85,7 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
     if pending is not None and pending.team_id == caller.team_id:
         secrets = {**pending.secrets, **secrets}
     runner = await app.place_session(caller)
-    await app.limits.acquire_session(caller.team_id, sid, caller.max_open_sessions)
+    holds_slot = await app.limits.acquire_session(caller.team_id, sid, caller.max_open_sessions)
     try:
         pk = await app.store.session_create(
             sid=sid, caller=caller, env=env, task_spec=task_spec, split=split_name or "", index=index,
@@ -97,12 +97,14 @@ async def create(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
             raise HttpError(400, "Session already exists") from None
         raise
     live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, secrets=secret_values(secrets),
-                       runner=runner, adopted_at=time.monotonic() if app.executor.shared else None)
+                       runner=runner, adopted_at=time.monotonic() if app.executor.shared else None,
+                       holds_slot=holds_slot)
     app.sessions[sid] = live
     try:
         await app.executor.start(SessionSpec(
             sid=sid, package_path=env.package_path, entrypoint=env.entrypoint, task_spec=task_spec,
-            secrets=secrets, owner={"pk": pk, "team": caller.team_id, "version": env.version_id}), runner)
+            secrets=secrets, owner={"pk": pk, "team": caller.team_id, "version": env.version_id,
+                                    "slot": holds_slot}), runner)
     except Exception as exc:
         # The runner could not be reached: undo, so a retry of this /create with the same id works.
         log.warning("could not start session %s on %s: %s", sid, runner, exc)

@@ -61,10 +61,11 @@ class Limits:
             self._acquire_script = self._redis.register_script(_ACQUIRE_SLOT)
             self._bucket_script = self._redis.register_script(_TOKEN_BUCKET)
 
-    async def acquire_session(self, team_id: int | None, sid: str, limit: int | None) -> None:
-        """Take an open-session slot for sid, or raise 429."""
+    async def acquire_session(self, team_id: int | None, sid: str, limit: int | None) -> bool:
+        """Take an open-session slot for sid, or raise 429; False when the team has no limit (no
+        slot taken, so none to release)."""
         if team_id is None or limit is None:
-            return
+            return False
         if self._redis is not None:
             ok = await self._acquire_script(keys=[f"{settings.ORS_REDIS_PREFIX}:slots:{team_id}"],
                                             args=[sid, limit, time.time(), SLOT_LEASE_SECONDS])
@@ -75,6 +76,7 @@ class Limits:
                 slots.add(sid)
         if not ok:
             raise over_capacity("concurrent open sessions", limit, retry_after=5)
+        return True
 
     async def release_session(self, team_id: int | None, sid: str) -> None:
         if team_id is None:

@@ -34,6 +34,8 @@ class LiveSession:
     last_activity: float = field(default_factory=time.monotonic)
     flushed_activity: float = 0.0
     prompt_recorded: bool = False
+    # Whether /create took one of the team's open-session slots (teams without a limit take none).
+    holds_slot: bool = True
     # Set in memory when setup() finishes; written with the coalesced activity flush and at the end.
     ready_at: datetime | None = None
     ready_flushed: bool = False
