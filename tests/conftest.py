@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.fixtures.ors",
     "tests.fixtures.server",
     "tests.fixtures.celery",
+    "tests.fixtures.tcp_proxy",
 ]
