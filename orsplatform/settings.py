@@ -101,6 +101,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A database host that stops answering fails a request in seconds (503 + Retry-After) instead
+    # of holding it forever; DATABASE_URL's own ?connect_timeout= wins.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "connect_timeout", env_int("ORS_DB_CONNECT_TIMEOUT_SECONDS", 5))
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS: list[dict] = []
 LANGUAGE_CODE = "en-us"

@@ -293,14 +293,20 @@ class OrsApp:
             raise HttpError(410, "Session was deleted.") from None
 
     async def end_session(self, live: LiveSession, status: str) -> None:
-        live.deleted = True
+        live.deleted = True  # no new request for it from here on
+        # With a shared executor other gateways may have served calls: totals come from the audit log.
+        totals = None if self.executor.shared else live.totals()
+        try:
+            # The row first: while the database is down the request fails (503) and the session is
+            # left as it was (instance included), so the client's retried /delete finds it intact.
+            await self.store.session_end(live.pk, status, live.last_activity_at(), totals, live.ready_at)
+        except BaseException:
+            live.deleted = False
+            raise
         self.sessions.pop(live.sid, None)
         if live.holds_slot:
             await self.limits.release_session(live.team_id, live.sid)
         await self.executor.stop(live.sid)
-        # With a shared executor other gateways may have served calls: totals come from the audit log.
-        totals = None if self.executor.shared else live.totals()
-        await self.store.session_end(live.pk, status, live.last_activity_at(), totals, live.ready_at)
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -324,6 +330,8 @@ class OrsApp:
                 if time.monotonic() - last_flush >= settings.ORS_ACTIVITY_FLUSH_SECONDS:
                     await self.flush_activity()
                     last_flush = time.monotonic()
+            except StoreUnavailable as exc:  # an outage: one line per pass, not a traceback
+                log.warning("reaper pass skipped: database unavailable (%s)", (str(exc).splitlines() or [""])[0][:200])
             except Exception:
                 log.exception("reaper pass failed")
 

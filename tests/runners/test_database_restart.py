@@ -264,6 +264,9 @@ def test_a_database_restart_under_load_fails_requests_fast_and_recovers_without_
     during = [a for a in answers if cut_at < a.started < restored_at]
     assert any(a.refused() for a in during)
 
+    # A refused /delete left the session as it was, its instance on the runner included.
+    a = ask(client, "call", "POST", "/math/call", owner, doomed, json={"name": "submit", "input": {"answer": "0"}})
+    assert a.result is not None and a.result["ok"], a.body
     # Refused requests can be retried once the database is back, as Retry-After promises.
     retries = [ask(client, "create", "POST", "/math/create", owner, refused_sid, json={"split": "train", "index": 0}),
                ask(client, "delete", "POST", "/delete", owner, doomed)]
