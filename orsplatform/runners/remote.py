@@ -12,11 +12,13 @@ import asyncio
 import base64
 import json
 import logging
+import os
 import time
 import uuid
 from collections import OrderedDict
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 from celery.utils.nodenames import worker_direct
 from django.conf import settings
@@ -38,10 +40,10 @@ RECORDS_KEPT = 4_000  # session records remembered from the broadcast (at most ~
 
 def celery_message(task: str, args: list, queue: str, *, origin: str) -> str:
     """A Celery task message as Celery's Redis transport would push it for `send_task`."""
-    task_id = str(uuid.uuid4())
-    body = json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
-    return json.dumps({
-        "body": base64.b64encode(body.encode()).decode(),
+    task_id = os.urandom(16).hex()  # any unique string; cheaper than formatting a UUID
+    body = orjson.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+    return orjson.dumps({
+        "body": base64.b64encode(body).decode(),
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": {
@@ -55,9 +57,9 @@ def celery_message(task: str, args: list, queue: str, *, origin: str) -> str:
         "properties": {
             "correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
-            "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+            "body_encoding": "base64", "delivery_tag": os.urandom(16).hex(),
         },
-    })
+    }).decode()
 
 
 class NoRunnerAvailable(Exception):
@@ -77,6 +79,7 @@ class CeleryExecutor(Executor):
         self.gateway = uuid.uuid4().hex[:12]
         self.redis = aioredis.from_url(settings.REDIS_URL)
         self._runners: dict[str, str] = {}  # sid -> runner hostname
+        self._queues: dict[str, str] = {}  # runner hostname -> its worker_direct queue
         self._wakeups: dict[str, set[asyncio.Event]] = {}  # sid or task_id -> its waiters' events
         self._replies: dict[str, asyncio.Future] = {}
         self._runner_cache: tuple[float, list[tuple[str, int, str]]] = (0.0, [])
@@ -109,7 +112,7 @@ class CeleryExecutor(Executor):
                 ready.set()
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        self._dispatch(json.loads(message["data"]))
+                        self._dispatch(orjson.loads(message["data"]))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarted: resubscribe; durable keys cover the gap
@@ -159,7 +162,9 @@ class CeleryExecutor(Executor):
         # transport uses (protocol 2): one LPUSH on this event loop instead of a thread hop into
         # kombu, and no dependence on the exchange binding table (which a restarted Redis loses
         # until the node reconnects, so a routed message would be dropped).
-        queue = worker_direct(runner).name
+        queue = self._queues.get(runner)
+        if queue is None:
+            queue = self._queues[runner] = worker_direct(runner).name
         return queue, celery_message(task, list(args), queue, origin=self.gateway)
 
     async def _send(self, task: str, runner: str, *args: Any) -> None:
@@ -281,7 +286,8 @@ class CeleryExecutor(Executor):
                 if remaining <= 0:
                     raise SetupPending(sid)
                 try:
-                    await asyncio.wait_for(event.wait(), min(remaining, settings.ORS_RUNNER_POLL_SECONDS))
+                    async with asyncio.timeout(min(remaining, settings.ORS_RUNNER_POLL_SECONDS)):
+                        await event.wait()
                     polled = False
                 except TimeoutError:
                     polled = True
@@ -385,7 +391,8 @@ class CeleryExecutor(Executor):
         poll = settings.ORS_RUNNER_POLL_SECONDS
         while True:
             try:
-                await asyncio.wait_for(event.wait(), poll)
+                async with asyncio.timeout(poll):  # no task per wait, unlike wait_for
+                    await event.wait()
             except TimeoutError:
                 pass
             event.clear()
