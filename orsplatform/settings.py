@@ -1,5 +1,5 @@
-"""The one settings module. Embedded defaults run on one box with no services (SQLite, in-memory
-channel layer, inline executor); environment variables switch on production pieces."""
+"""The one settings module. Embedded defaults run on one box with no services (SQLite, in-process
+limits, inline executor); environment variables switch on production pieces."""
 
 from __future__ import annotations
 
@@ -141,11 +141,6 @@ SPECTACULAR_SETTINGS = {
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 ORS_REDIS_PREFIX = os.environ.get("ORS_REDIS_PREFIX", "ors")  # namespaces shared limit counters
-if REDIS_URL:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                  "CONFIG": {"hosts": [REDIS_URL]}}}
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "memory://")
 # Without a broker (the embedded default) tasks run eagerly, in the caller's process.

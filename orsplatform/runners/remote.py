@@ -237,7 +237,11 @@ class CeleryExecutor(Executor):
                  ex=int(settings.ORS_STATE_TTL_SECONDS))
         pipe.lpush(*self._message("ors.runner.setup", runner, spec.sid, spec.package_path, spec.entrypoint,
                                   spec.task_spec, dict(spec.secrets), self.gateway, owner))
-        await pipe.execute()
+        try:
+            await pipe.execute()
+        except BaseException:
+            self.detach(spec.sid)  # the /create fails (503) and may be retried from scratch
+            raise
 
     async def _state(self, sid: str) -> dict | None:
         record = decode(await self.redis.get(self.keys.state(sid)))
