@@ -57,21 +57,17 @@ def session_end(**row: Any) -> None:
     sessions_end(rows=[row])
 
 
+# Totals not passed (NULL) are summed from the audit log: sessions served by several gateways (the
+# celery executor) have no in-memory totals. COALESCE and CASE evaluate the subquery only then.
 END_SQL = (
     "UPDATE episodes_session SET status = %s, ended_at = %s,"
     " last_activity_at = COALESCE(%s, last_activity_at), ready_at = COALESCE(%s, ready_at),"
-    " calls = COALESCE(%s, calls), total_reward = CASE WHEN %s THEN %s ELSE total_reward END,"
-    " finished = COALESCE(%s, finished)"
+    " calls = COALESCE(%s, (SELECT COUNT(*) FROM episodes_toolcall t WHERE t.session_id = episodes_session.id)),"
+    " total_reward = CASE WHEN %s THEN %s"
+    " ELSE (SELECT SUM(reward) FROM episodes_toolcall t WHERE t.session_id = episodes_session.id) END,"
+    " finished = COALESCE(%s, EXISTS(SELECT 1 FROM episodes_toolcall t"
+    " WHERE t.session_id = episodes_session.id AND t.finished))"
     " WHERE id = %s AND status NOT IN ('deleted', 'expired', 'lost')"
-)
-
-
-TOTALS_SQL = (
-    "UPDATE episodes_session SET"
-    " calls = (SELECT COUNT(*) FROM episodes_toolcall WHERE session_id = %s),"
-    " total_reward = (SELECT SUM(reward) FROM episodes_toolcall WHERE session_id = %s),"
-    " finished = EXISTS(SELECT 1 FROM episodes_toolcall WHERE session_id = %s AND finished)"
-    " WHERE id = %s"
 )
 
 
@@ -81,12 +77,9 @@ def sessions_end(*, rows: list[dict[str, Any]]) -> None:
     insert; the audit rows remain what they can be recomputed from. One executemany of plain SQL:
     the ORM's per-row CASE expressions cost more CPU than the whole rest of an episode. Sessions
     served by several gateways (the celery executor) have no in-memory totals: the audit log is
-    summed instead (an index lookup on the session's calls)."""
-    params, without_totals = session_end_params(rows)
+    summed instead, in the same statement (an index lookup on the session's calls)."""
     with connection.cursor() as cursor:
-        cursor.executemany(END_SQL, params)
-        if without_totals:
-            cursor.executemany(TOTALS_SQL, without_totals)
+        cursor.executemany(END_SQL, session_end_params(rows))
 
 
 def sessions_touch(*, activity: dict[int, tuple[datetime, datetime | None]]) -> None:
@@ -137,8 +130,8 @@ def tool_calls_record(*, rows: list[dict[str, Any]]) -> None:
     )
 
 
-def session_end_params(rows: list[dict[str, Any]]) -> tuple[list[tuple], list[tuple]]:
-    """Parameters for END_SQL, and for TOTALS_SQL (rows without in-memory totals)."""
+def session_end_params(rows: list[dict[str, Any]]) -> list[tuple]:
+    """Parameters for END_SQL."""
     now = timezone.now()
     params = []
     for r in rows:
@@ -148,7 +141,7 @@ def session_end_params(rows: list[dict[str, Any]]) -> tuple[list[tuple], list[tu
             totals.calls if totals else None, totals is not None, totals.total_reward if totals else None,
             totals.finished if totals else None, r["pk"],
         ))
-    return params, [(r["pk"],) * 4 for r in rows if r.get("totals") is None]
+    return params
 
 
 PROMPT_SQL = "UPDATE episodes_session SET prompt = %s WHERE id = %s AND prompt IS NULL"

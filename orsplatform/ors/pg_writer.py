@@ -47,6 +47,15 @@ def _insert_sql(table: str, columns: list[str], rows: int, suffix: str = "") -> 
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([row] * rows)}{suffix}"
 
 
+async def _execute_each(cursor: psycopg.AsyncCursor, sql: str, params: list[tuple]) -> None:
+    # executemany enters and leaves pipeline mode: worth it for many rows, not for the single row
+    # of a lightly loaded batch.
+    if len(params) == 1:
+        await cursor.execute(sql, params[0])
+    else:
+        await cursor.executemany(sql, params)
+
+
 class PgWriter:
     # single write function -> the async bulk form below
     HANDLES: tuple[Callable[..., Any], ...] = (
@@ -122,13 +131,10 @@ class PgWriter:
                 elif fn is services.session_record_prompt:
                     # Off the request's path, but on a DB thread its ORM work held the GIL while
                     # the loop served the episode's next request (the call): here it is one statement.
-                    await cursor.executemany(services.PROMPT_SQL,
-                                             [(Jsonb(r["blocks"], dumps=_dumps), r["pk"]) for r in rows])
+                    await _execute_each(cursor, services.PROMPT_SQL,
+                                        [(Jsonb(r["blocks"], dumps=_dumps), r["pk"]) for r in rows])
                 else:  # session_end
-                    params, without_totals = services.session_end_params(rows)
-                    await cursor.executemany(services.END_SQL, params)
-                    if without_totals:
-                        await cursor.executemany(services.TOTALS_SQL, without_totals)
+                    await _execute_each(cursor, services.END_SQL, services.session_end_params(rows))
                 for i in indexes:
                     results[i] = (True, None)
         return results  # type: ignore[return-value]
