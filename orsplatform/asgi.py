@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orsplatform.settings")
-sys.setswitchinterval(float(os.environ.get("ORS_SWITCH_INTERVAL", "0.005")))
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 

@@ -25,7 +25,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from typing import Any
@@ -50,10 +49,6 @@ STATE_TTL = int(os.environ.get("ORS_STATE_TTL_SECONDS", "86400"))
 # A node dedicated to one team (its slug) runs only that team's sessions; empty: the shared pool.
 TEAM = os.environ.get("ORS_RUNNER_TEAM", "")
 KEYS = Keys(PREFIX)
-
-# Threads that block on a socket give up the GIL and must win it back: with Python's default 5 ms
-# switch interval, a busy tool thread makes every Redis reply wait for it (the "convoy effect").
-sys.setswitchinterval(float(os.environ.get("ORS_SWITCH_INTERVAL", "0.005")))
 
 app = Celery("ors-runner", broker=BROKER_URL)
 app.conf.update(
