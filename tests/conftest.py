@@ -11,4 +11,5 @@ pytest_plugins = [
     "tests.fixtures.server",
     "tests.fixtures.celery",
     "tests.fixtures.tcp_proxy",
+    "tests.fixtures.server_database",
 ]

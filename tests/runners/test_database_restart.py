@@ -7,6 +7,10 @@ PostgreSQL itself is shared by every test (and holds the test database), so the 
 its clients see of one: a TCP proxy between the platform's processes and the server resets every
 connection and refuses new ones, then listens again on the same port (tests/fixtures/tcp_proxy.py).
 The test process itself talks to PostgreSQL directly, so it can check the rows at any time.
+
+When the suite runs on SQLite (no server to lose), the platform's processes are given a throwaway
+PostgreSQL database of their own on the same server instead (tests/fixtures/server_database.py),
+and the test checks its rows there: the tests run, and the same, on either.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from django.db import connection
 
 from orsplatform.episodes.models import Session, ToolCall
 from tests.fixtures.celery import wait_until
@@ -36,16 +39,11 @@ SLEEPY = "import time\ntime.sleep({s})\ndef f():\n    return 1\n"
 
 
 @pytest.fixture
-def proxied_database_url(request) -> str:
-    """The test database, reached through the proxy (what the platform's processes are given)."""
-    if connection.vendor != "postgresql":
-        # Not applicable, and said so in the run's summary: SQLite is a file inside the gateway's
-        # own process, with no server to lose. CI runs on PostgreSQL (.ci/run): never skipped there.
-        pytest.skip("needs a PostgreSQL server to lose (DATABASE_URL=postgres://...); SQLite has none")
-    proxy = request.getfixturevalue("tcp_proxy")
-    s = connection.settings_dict
-    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
-    return f"postgres://{s.get('USER') or 'postgres'}{password}@127.0.0.1:{proxy.port}/{s['NAME']}"
+def proxied_database_url(server_database, tcp_proxy) -> str:
+    """The platform's database (the test database on PostgreSQL, a database of its own on SQLite),
+    reached through the proxy: what the platform's processes are given."""
+    assert tcp_proxy.upstream == (server_database.host, server_database.port)
+    return server_database.url(port=tcp_proxy.port)
 
 
 @dataclass
@@ -149,7 +147,10 @@ class Load:
 
 
 def test_a_database_restart_under_load_fails_requests_fast_and_recovers_without_a_restart(
-        proxied_database_url, tcp_proxy, cluster, server_factory, owner):
+        proxied_database_url, tcp_proxy, cluster, server_factory, owner, server_database):
+    # The rows are checked where the platform's processes write them.
+    sessions = Session.objects.db_manager(server_database.alias)
+    tool_calls = ToolCall.objects.db_manager(server_database.alias)
     cluster.start_runner()
     # The platform worker goes through the proxy too: its beat (the sweeper that records calls a
     # gateway could not) lives through the same restart.
@@ -272,45 +273,46 @@ def test_a_database_restart_under_load_fails_requests_fast_and_recovers_without_
                ask(client, "delete", "POST", "/delete", owner, doomed)]
     answers += retries
     assert [a.status for a in retries] == [200, 200], [a.body for a in retries]
-    assert Session.objects.get(sid=doomed).status == Session.Status.DELETED
+    assert sessions.get(sid=doomed).status == Session.Status.DELETED
     # The session opened before the restart lived through it, on its runner and in its row.
-    assert Session.objects.get(sid=kept).status in OPEN
+    assert sessions.get(sid=kept).status in OPEN
     a = ask(client, "call", "POST", "/math/call", owner, kept, json={"name": "submit", "input": {"answer": right}})
     assert a.result and a.result["ok"] and a.result["output"]["reward"] == 1.0, a.body
     answers.append(a)
-    assert Session.objects.get(sid=before).status == Session.Status.DELETED
+    assert sessions.get(sid=before).status == Session.Status.DELETED
 
     # Nothing half-written. Every episode the gateway said it created has its row; every one it
     # said it deleted is deleted; a /create refused while the database was unreachable left no row.
     created = {a.sid for a in answers if a.op == "create" and a.status == 200}
-    rows = dict(Session.objects.filter(sid__in=created).values_list("sid", "status"))
+    rows = dict(sessions.filter(sid__in=created).values_list("sid", "status"))
     assert set(rows) == created
     deleted = {a.sid for a in answers if a.op == "delete" and a.status == 200}
     assert {rows[sid] for sid in deleted} == {Session.Status.DELETED}
     # (A request in flight at the cut may have committed without hearing so; only later ones count.)
     refused_later = {a.sid for a in during if a.op == "create" and a.refused()} - created
-    assert not Session.objects.filter(sid__in=refused_later).exists()
+    assert not sessions.filter(sid__in=refused_later).exists()
     # Every result a client received is in the audit log, with the reward the client saw: written
     # by the gateway, or, for a call that ended while the database was down, by the sweeper from
     # the runner's result once the database was back.
     delivered = {a.task_id: a.result for a in answers if a.op == "call" and a.result is not None}
 
     def all_audited() -> bool:
-        return ToolCall.objects.filter(task_id__in=delivered).count() == len(delivered)
+        return tool_calls.filter(task_id__in=delivered).count() == len(delivered)
 
     assert in_flight[0].task_id in delivered
     wait_until(all_audited, 30, "every delivered result in the audit log", interval=0.2)
-    for call in ToolCall.objects.filter(task_id__in=delivered):
+    for call in tool_calls.filter(task_id__in=delivered):
         result = delivered[call.task_id]
         assert call.status == ToolCall.Status.OK and result["ok"], (call.task_id, call.status, result)
         assert call.reward == result["output"]["reward"]
 
 
 def test_a_database_that_stops_answering_fails_requests_within_the_connect_timeout_and_recovers(
-        proxied_database_url, tcp_proxy, cluster, server_factory, owner):
+        proxied_database_url, tcp_proxy, cluster, server_factory, owner, server_database):
     # Worse than a restart: new connections are accepted and never answered (a frozen host), so
     # nothing refuses them and only a connect timeout bounds the wait. It is the operator's, in the
     # DATABASE_URL; it must hold for Django's connections and for the hot writes' own alike.
+    sessions = Session.objects.db_manager(server_database.alias)
     cluster.start_runner()
     gateway = server_factory(**cluster.env(
         DATABASE_URL=f"{proxied_database_url}?connect_timeout=2",
@@ -344,4 +346,4 @@ def test_a_database_that_stops_answering_fails_requests_within_the_connect_timeo
     assert gateway.process.poll() is None and gateway.process.pid == pid
     wrong = [a for a in answers if a.status != 200 and not a.refused()]
     assert not wrong, [(a.op, a.status, a.body[:200]) for a in wrong]
-    assert Session.objects.get(sid=kept).status in OPEN
+    assert sessions.get(sid=kept).status in OPEN
