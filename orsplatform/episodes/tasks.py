@@ -18,7 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from orsplatform.episodes import services
-from orsplatform.runners.keys import Keys
+from orsplatform.runners.keys import GONE_RECORD, Keys
 
 log = logging.getLogger(__name__)
 BATCH = 500
@@ -38,9 +38,10 @@ def reap_idle_sessions() -> int:
 
     idle_before = timezone.now() - timedelta(seconds=settings.ORS_IDLE_TIMEOUT_SECONDS)
     expired = services.sessions_expire_idle(idle_before=idle_before, limit=BATCH)
+    keys, client = _keys(), _redis()
     for sid, runner in expired:
         app.send_task("ors.runner.teardown", args=[sid], queue=worker_direct(runner))
-        _redis().set(_keys().state(sid), json.dumps({"state": "gone"}), ex=int(settings.ORS_STATE_TTL_SECONDS))
+        client.set(keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
     if len(expired) == BATCH:
         reap_idle_sessions.delay()
     if expired:
@@ -50,19 +51,18 @@ def reap_idle_sessions() -> int:
 
 @shared_task(name="orsplatform.episodes.tasks.fail_lost_runners")
 def fail_lost_runners() -> int:
-    client = _redis()
+    client, keys = _redis(), _keys()
     marked = 0
     for runner in services.open_session_runners():
-        if client.exists(_keys().runner(runner)):
+        if client.exists(keys.runner(runner)):
             continue
         sids = services.sessions_mark_lost(runner=runner, limit=BATCH)
         count = len(sids)
         marked += count
         if sids:  # no gateway serves them from their Redis record any more
-            gone = json.dumps({"state": "gone"})
             pipe = client.pipeline(transaction=False)
             for sid in sids:
-                pipe.set(_keys().state(sid), gone, ex=int(settings.ORS_STATE_TTL_SECONDS))
+                pipe.set(keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
             pipe.execute()
         log.warning("runner %s has no heartbeat: %d sessions marked lost", runner, count)
         if count == BATCH:

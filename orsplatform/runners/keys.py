@@ -15,6 +15,8 @@ from typing import Any
 # A published message carries a payload (a call's result, a session's prompt) only up to this
 # size; bigger ones are read from their durable key, so every gateway does not decode them.
 INLINE_PAYLOAD_BYTES = 8 * 1024
+# A session's record once it is torn down, expired or lost: no gateway serves it from Redis again.
+GONE_RECORD = json.dumps({"state": "gone"})
 
 
 class Keys:

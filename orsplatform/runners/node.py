@@ -35,7 +35,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
 from orsplatform.runners.inline import InlineExecutor
-from orsplatform.runners.keys import INLINE_PAYLOAD_BYTES, Keys
+from orsplatform.runners.keys import GONE_RECORD, INLINE_PAYLOAD_BYTES, Keys
 
 log = logging.getLogger("orsplatform.runner")
 
@@ -194,7 +194,7 @@ async def _reply(gateway: str, request_id: str, fn) -> None:
 
 async def _teardown(sid: str) -> None:
     node.sessions.discard(sid)
-    node.redis.set(KEYS.state(sid), json.dumps({"state": "gone"}), ex=STATE_TTL)
+    node.redis.set(KEYS.state(sid), GONE_RECORD, ex=STATE_TTL)
     await node.executor.stop(sid)
 
 

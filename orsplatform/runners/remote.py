@@ -31,7 +31,7 @@ from orsplatform.runners.executor import (
     SetupPending,
     UnknownSession,
 )
-from orsplatform.runners.keys import Keys, decode
+from orsplatform.runners.keys import GONE_RECORD, Keys, decode
 
 log = logging.getLogger(__name__)
 FORGET_BATCH_SECONDS = 0.05
@@ -419,7 +419,7 @@ class CeleryExecutor(Executor):
                 # The record says "gone" at once, so no other gateway adopts the session while
                 # the teardown waits in the node's queue.
                 pipe = self.redis.pipeline(transaction=False)
-                pipe.set(self.keys.state(sid), json.dumps({"state": "gone"}), ex=int(settings.ORS_STATE_TTL_SECONDS))
+                pipe.set(self.keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
                 pipe.lpush(*self._message("ors.runner.teardown", runner, sid))
                 await pipe.execute()
             except Exception as exc:
