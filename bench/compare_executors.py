@@ -66,16 +66,31 @@ def cpu_seconds(*needles: str) -> float:
     return total
 
 
+def machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs so far, from /proc/stat (idle and iowait are not busy)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    total = sum(fields[:8])  # guest time is already counted in user
+    return total - fields[3] - fields[4], total
+
+
 def measure_with_cpu(name: str, url: str, key: str | None, load: LoadConfig,
                      groups: dict[str, tuple[str, ...]]) -> dict[str, Any]:
     """`measure`, plus the CPU each process group used (cores over the run, warm-up included, and
-    per episode at the measured rate)."""
+    per episode at the measured rate), PostgreSQL's backends and this process (the load generator)
+    included, and how busy the whole machine was: at 100 % the closed loop is CPU-bound, and its
+    latency follows the CPU an episode costs in all processes together."""
+    groups = {**groups, "postgres": ("postgres: ",)}
     before = {group: cpu_seconds(*needles) for group, needles in groups.items()}
+    own_before, busy_before = os.times(), machine_busy()
     result = measure(name, url, key, load)
     spent = {group: cpu_seconds(*needles) - before[group] for group, needles in groups.items()}
+    own_after, busy_after = os.times(), machine_busy()
+    spent["load generator"] = (own_after.user + own_after.system) - (own_before.user + own_before.system)
     window = load.duration + load.warmup
     result["cpu"] = {group: {"cores": seconds / window, "ms_per_episode": 1000 * seconds / window
                              / max(result["episodes_per_s"], 1e-9)} for group, seconds in spent.items()}
+    busy, total = (after - before for after, before in zip(busy_after, busy_before, strict=True))
+    result["machine_busy_percent"] = 100 * busy / max(total, 1)
     return result
 
 
@@ -167,10 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'side':<10} {'episodes/s':>11} {'call p50 ms':>12} {'call p99 ms':>12} {'errors':>7}")
     for name, result in results.items():
         call = result["endpoints"].get("call", {})
-        cpu = "  ".join(f"{group} {v['cores']:.2f} cores = {v['ms_per_episode']:.2f} ms/episode"
-                        for group, v in result.get("cpu", {}).items())
         print(f"{name:<10} {result['episodes_per_s']:>11.1f} {call.get('p50_ms', 0):>12.2f} "
-              f"{call.get('p99_ms', 0):>12.2f} {result['errors']:>7}   {cpu}")
+              f"{call.get('p99_ms', 0):>12.2f} {result['errors']:>7}")
+    print("== CPU per episode (ms), machine busy ==")
+    for name in ("inline", "celery"):
+        cpu = results[name]["cpu"]
+        parts = "  ".join(f"{group} {v['ms_per_episode']:.2f}" for group, v in cpu.items())
+        total = sum(v["ms_per_episode"] for v in cpu.values())
+        print(f"{name:<10} {parts}  = {total:.2f} ms; machine {results[name]['machine_busy_percent']:.0f} % busy")
     diff = results["celery"]["endpoints"]["call"]["p50_ms"] - results["inline"]["endpoints"]["call"]["p50_ms"]
     print(f"celery - inline /call p50: {diff:+.2f} ms (target <= +3 ms)")
     if args.json_out:

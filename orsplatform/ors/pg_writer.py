@@ -47,31 +47,23 @@ def _insert_sql(table: str, columns: list[str], rows: int, suffix: str = "") -> 
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([row] * rows)}{suffix}"
 
 
-async def _execute_each(cursor: psycopg.AsyncCursor, sql: str, params: list[tuple]) -> None:
-    # executemany enters and leaves pipeline mode: worth it for many rows, not for the single row
-    # of a lightly loaded batch.
-    if len(params) == 1:
-        await cursor.execute(sql, params[0])
-    else:
-        await cursor.executemany(sql, params)
-
-
 class PgWriter:
     # single write function -> the async bulk form below
     HANDLES: tuple[Callable[..., Any], ...] = (
         services.session_create, services.tool_call_record, services.session_end,
         services.session_record_prompt)
 
-    def __init__(self) -> None:
+    def __init__(self, alias: str = "default") -> None:
+        self._alias = alias
         self._conn: psycopg.AsyncConnection | None = None
 
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed:
-            # The default database as Django sees it now (tests rename it to the test database),
+            # The database as Django sees it now (tests rename it to the test database),
             # with its libpq options too (DATABASE_URL's ?connect_timeout=, ?sslmode=, ...), as
             # Django's own connections have them: without connect_timeout, a database that accepts
             # connections but does not answer held every hot write (and its request) forever.
-            s = connections["default"].settings_dict
+            s = connections[self._alias].settings_dict
             options = {k: v for k, v in (s.get("OPTIONS") or {}).items() if k not in DJANGO_ONLY_OPTIONS}
             self._conn = await psycopg.AsyncConnection.connect(
                 dbname=s["NAME"], user=s.get("USER") or None, password=s.get("PASSWORD") or None,
@@ -84,7 +76,9 @@ class PgWriter:
 
         try:
             conn = await self._connection()
-            async with conn.transaction():
+            # Pipeline mode: BEGIN, the statements and COMMIT leave in one write and their results
+            # come back together, instead of a round trip each (a batch of one op was three).
+            async with conn.pipeline(), conn.transaction():
                 return await self._grouped(conn, ops)
         except (psycopg.errors.IntegrityError, psycopg.errors.DataError):
             pass  # one bad row: redo them one by one below, so it fails alone
@@ -94,7 +88,7 @@ class PgWriter:
         results: list[tuple[bool, Any]] = []
         for op in ops:
             try:
-                async with conn.transaction():
+                async with conn.pipeline(), conn.transaction():
                     results.extend(await self._grouped(conn, [op]))
             except psycopg.errors.IntegrityError as exc:
                 results.append((False, IntegrityError(str(exc))))
@@ -131,10 +125,10 @@ class PgWriter:
                 elif fn is services.session_record_prompt:
                     # Off the request's path, but on a DB thread its ORM work held the GIL while
                     # the loop served the episode's next request (the call): here it is one statement.
-                    await _execute_each(cursor, services.PROMPT_SQL,
-                                        [(Jsonb(r["blocks"], dumps=_dumps), r["pk"]) for r in rows])
+                    await cursor.executemany(services.PROMPT_SQL,
+                                             [(Jsonb(r["blocks"], dumps=_dumps), r["pk"]) for r in rows])
                 else:  # session_end
-                    await _execute_each(cursor, services.END_SQL, services.session_end_params(rows))
+                    await cursor.executemany(services.END_SQL, services.session_end_params(rows))
                 for i in indexes:
                     results[i] = (True, None)
         return results  # type: ignore[return-value]
