@@ -18,7 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from orsplatform.episodes import services
-from orsplatform.runners.keys import GONE_RECORD, Keys
+from orsplatform.runners.keys import GONE_RECORD, Keys, heartbeat_identity, runner_hostname
 
 log = logging.getLogger(__name__)
 BATCH = 500
@@ -32,6 +32,12 @@ def _keys() -> Keys:
     return Keys(settings.ORS_REDIS_PREFIX)
 
 
+def _beating(client: redis.Redis, keys: Keys, runner: str) -> str | None:
+    """The runner identity whose heartbeat is under `runner`'s node name now (None: no heartbeat)."""
+    hostname = runner_hostname(runner)
+    return heartbeat_identity(hostname, client.get(keys.runner(hostname)))
+
+
 @shared_task(name="orsplatform.episodes.tasks.reap_idle_sessions")
 def reap_idle_sessions() -> int:
     from orsplatform.celery import app
@@ -40,7 +46,7 @@ def reap_idle_sessions() -> int:
     expired = services.sessions_expire_idle(idle_before=idle_before, limit=BATCH)
     keys, client = _keys(), _redis()
     for sid, runner in expired:
-        app.send_task("ors.runner.teardown", args=[sid], queue=worker_direct(runner))
+        app.send_task("ors.runner.teardown", args=[sid], queue=worker_direct(runner_hostname(runner)))
         client.set(keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
     if len(expired) == BATCH:
         reap_idle_sessions.delay()
@@ -54,8 +60,18 @@ def fail_lost_runners() -> int:
     client, keys = _redis(), _keys()
     marked = 0
     for runner in services.open_session_runners():
-        if client.exists(keys.runner(runner)):
+        beating = _beating(client, keys, runner)
+        if beating == runner:
+            client.delete(keys.missing(runner))
             continue
+        if beating is None:
+            # No heartbeat: lost once it stays missing for ORS_RUNNER_GRACE_SECONDS, since a
+            # restarted Redis loses every heartbeat at once (live nodes write theirs again within
+            # a second) and LOST is final. Another start of the node under its name: lost at once.
+            now = time.time()
+            client.set(keys.missing(runner), now, nx=True, ex=3600)
+            if now - float(client.get(keys.missing(runner)) or now) < settings.ORS_RUNNER_GRACE_SECONDS:
+                continue
         sids = services.sessions_mark_lost(runner=runner, limit=BATCH)
         count = len(sids)
         marked += count
@@ -64,7 +80,7 @@ def fail_lost_runners() -> int:
             for sid in sids:
                 pipe.set(keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
             pipe.execute()
-        log.warning("runner %s has no heartbeat: %d sessions marked lost", runner, count)
+        log.warning("runner %s stopped (heartbeat: %s): %d sessions marked lost", runner, beating, count)
         if count == BATCH:
             fail_lost_runners.delay()
     return marked
@@ -99,7 +115,7 @@ def finish_orphaned_calls() -> int:
         if result_raw is not None:
             payload = json.loads(result_raw)
             result, exception = payload.get("audit", payload.get("result")), payload.get("exception")
-        elif not client.exists(keys.runner(marker.get("runner", ""))):
+        elif _beating(client, keys, marker.get("runner", "")) != marker.get("runner"):
             result, exception = None, "Runner lost: the node holding this session stopped."
         else:
             continue  # still running on a live runner

@@ -21,7 +21,7 @@ from orsplatform.episodes.models import Session
 from orsplatform.ors import calls, discovery, episodes
 from orsplatform.ors.http import HttpError, Request, read_body, send_error, send_json
 from orsplatform.ors.limits import Limits
-from orsplatform.ors.sessions import LiveSession, PendingSid
+from orsplatform.ors.sessions import LiveSession, PendingSid, instance_gone
 from orsplatform.ors.store import Store, StoreUnavailable, Unstorable
 from orsplatform.ors.wire import require_sid
 from orsplatform.runners.executor import Executor, SetupFailed, SetupPending, UnknownSession
@@ -289,8 +289,8 @@ class OrsApp:
                             {"X-Backend-State": "starting", "Retry-After": "2"}) from None
         except SetupFailed as exc:
             raise HttpError(500, f"Environment setup failed: {exc}") from None
-        except UnknownSession:
-            raise HttpError(410, "Session was deleted.") from None
+        except UnknownSession as exc:
+            raise instance_gone(exc) from None
 
     async def end_session(self, live: LiveSession, status: str) -> None:
         live.deleted = True  # no new request for it from here on

@@ -13,7 +13,7 @@ from django.utils import timezone
 from orsplatform.episodes.models import Session
 from orsplatform.ors.calls import storable
 from orsplatform.ors.http import SSE_HEADERS, HttpError, Request, sse_event
-from orsplatform.ors.sessions import LiveSession, PendingSid
+from orsplatform.ors.sessions import LiveSession, PendingSid, instance_gone
 from orsplatform.ors.wire import (
     env_vars_from_body,
     optional_int,
@@ -22,7 +22,7 @@ from orsplatform.ors.wire import (
     secrets_from_body,
     secrets_from_header,
 )
-from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
+from orsplatform.runners.executor import RunnerUnavailable, SessionSpec, SetupFailed, UnknownSession
 from orsplatform.runners.redact import redact, secret_values
 from orsplatform.teams.auth import Caller
 
@@ -143,8 +143,10 @@ async def prompt(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
     await app.ready(live)
     try:
         blocks = await app.executor.prompt(live.sid)
-    except UnknownSession:
-        raise HttpError(410, "Session was deleted.") from None
+    except UnknownSession as exc:
+        raise instance_gone(exc) from None
+    except RunnerUnavailable as exc:
+        raise HttpError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
     except Exception as exc:  # the environment's get_prompt() failed
         raise HttpError(500, f"get_prompt failed: {type(exc).__name__}: {exc}") from None
     if not live.prompt_recorded:
@@ -166,8 +168,10 @@ async def task_tools(app: OrsApp, req: Request, caller: Caller, env_ref: str | N
     await app.ready(live)
     try:
         return {"tools": [*live.env.tools, *await app.executor.task_tools(live.sid)]}
-    except UnknownSession:
-        raise HttpError(410, "Session was deleted.") from None
+    except UnknownSession as exc:
+        raise instance_gone(exc) from None
+    except RunnerUnavailable as exc:
+        raise HttpError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
     except Exception as exc:
         raise HttpError(500, f"list_task_tools failed: {type(exc).__name__}: {exc}") from None
 

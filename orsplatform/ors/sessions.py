@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 
 from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.services import SessionTotals
+from orsplatform.ors.http import HttpError
+from orsplatform.runners.executor import RunnerLost, UnknownSession
 
 
 @dataclass
@@ -78,3 +80,10 @@ class PendingSid:
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
     env_vars: dict[str, str] = field(repr=False, default_factory=dict)
     created: float = field(default_factory=time.monotonic)
+
+
+def instance_gone(exc: UnknownSession) -> HttpError:
+    """The answer when the executor no longer holds a session the gateway still knew."""
+    if isinstance(exc, RunnerLost):
+        return HttpError(410, "Session lost: the runner that held it stopped.")
+    return HttpError(410, "Session was deleted.")

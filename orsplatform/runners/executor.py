@@ -50,6 +50,14 @@ class UnknownSession(Exception):
     """The executor holds no instance for this session."""
 
 
+class RunnerLost(UnknownSession):
+    """The runner node holding the session stopped (celery executor)."""
+
+
+class RunnerUnavailable(Exception):
+    """The session's runner did not answer within the bound (celery executor); worth a retry."""
+
+
 class Executor(ABC):
     # Whether sessions live outside the gateway process (so any gateway may serve any session).
     shared: bool = False

@@ -29,8 +29,12 @@ class Keys:
         self.sessions = f"{prefix}:sessions"
 
     def runner(self, hostname: str) -> str:
-        """A node's heartbeat (JSON: sessions, team, pid), with a TTL of a few heartbeats."""
+        """A node's heartbeat (JSON: boot, sessions, team, pid), with a TTL of a few heartbeats."""
         return f"{self.prefix}:runner:{hostname}"
+
+    def missing(self, identity: str) -> str:
+        """When the beat first found a runner's heartbeat missing (it waits out a grace period)."""
+        return f"{self.prefix}:runner-missing:{identity}"
 
     def state(self, sid: str) -> str:
         """A session's shared record: setup state, who owns it (pk, team, version, runner), the
@@ -48,6 +52,24 @@ class Keys:
     def gateway(self, gateway: str) -> str:
         """A gateway's own channel: replies and its calls' results."""
         return f"{self.prefix}:gw:{gateway}"
+
+
+def runner_identity(hostname: str, boot: str) -> str:
+    """One start of a runner node: its name and the random id it drew when it started. Sessions
+    record this, not the name, so a node restarted under the same name (a container's restart
+    policy, a supervisor) is another runner: its predecessor's sessions are lost, not served by an
+    instance-less process, and messages still queued for them are dropped, not replayed."""
+    return f"{hostname}#{boot}"
+
+
+def runner_hostname(identity: str) -> str:
+    """The node name (and so the worker_direct queue) of a runner identity."""
+    return identity.partition("#")[0]
+
+
+def heartbeat_identity(hostname: str, raw: bytes | None) -> str | None:
+    """The identity a node's heartbeat value announces; None without a heartbeat."""
+    return runner_identity(hostname, json.loads(raw).get("boot", "")) if raw else None
 
 
 def live_runner_names(client: Any, keys: Keys, ttl: float) -> list[str]:

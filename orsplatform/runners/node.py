@@ -35,7 +35,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
 from orsplatform.runners.inline import InlineExecutor
-from orsplatform.runners.keys import GONE_RECORD, INLINE_PAYLOAD_BYTES, Keys
+from orsplatform.runners.keys import GONE_RECORD, INLINE_PAYLOAD_BYTES, Keys, runner_identity
 
 log = logging.getLogger("orsplatform.runner")
 
@@ -77,6 +77,9 @@ class Node:
         self.sessions: set[str] = set()
         self.seen_calls: dict[str, float] = {}
         self.hostname = ""
+        # This start of the node (see keys.runner_identity): sessions placed here record it.
+        self.boot = os.urandom(4).hex()
+        self.identity = ""
         self._stop = threading.Event()
 
     def submit(self, coro) -> None:
@@ -90,7 +93,8 @@ class Node:
         while not self._stop.is_set():
             try:
                 now = time.time()
-                payload = json.dumps({"sessions": len(self.sessions), "at": now, "pid": os.getpid(), "team": TEAM})
+                payload = json.dumps({"boot": self.boot, "sessions": len(self.sessions), "at": now,
+                                      "pid": os.getpid(), "team": TEAM})
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.set(KEYS.runner(self.hostname), payload, px=int(HEARTBEAT_TTL * 1000))
                 pipe.zadd(KEYS.runners, {self.hostname: now})
@@ -115,6 +119,7 @@ node = Node()
 @worker_ready.connect
 def _start_heartbeat(sender, **kwargs) -> None:
     node.hostname = sender.hostname
+    node.identity = runner_identity(sender.hostname, node.boot)
     threading.Thread(target=node.heartbeat_forever, name="ors-runner-heartbeat", daemon=True).start()
     log.info("runner %s ready", node.hostname)
 
@@ -228,6 +233,11 @@ def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets:
           owner: dict | None = None) -> None:
     if sid in node.sessions:
         return  # a redelivered setup
+    placed_on = (owner or {}).get("runner")
+    if placed_on and placed_on != node.identity:
+        # Queued for an earlier start of this node, whose sessions are lost: never resurrect one.
+        log.warning("dropping setup of %s, placed on %s (this is %s)", sid, placed_on, node.identity)
+        return
     spec = SessionSpec(sid=sid, package_path=package_path, entrypoint=entrypoint, task_spec=task_spec,
                        secrets=secrets)
     node.submit(_setup(spec, gateway, owner or {}))

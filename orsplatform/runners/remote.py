@@ -26,12 +26,14 @@ from django.conf import settings
 from orsplatform.runners.executor import (
     CallOutcome,
     Executor,
+    RunnerLost,
+    RunnerUnavailable,
     SessionSpec,
     SetupFailed,
     SetupPending,
     UnknownSession,
 )
-from orsplatform.runners.keys import GONE_RECORD, Keys, decode
+from orsplatform.runners.keys import GONE_RECORD, Keys, decode, heartbeat_identity, runner_hostname
 
 log = logging.getLogger(__name__)
 FORGET_BATCH_SECONDS = 0.05
@@ -66,10 +68,6 @@ class NoRunnerAvailable(Exception):
     """No runner node has a live heartbeat; /create answers 503."""
 
 
-class RunnerLost(UnknownSession):
-    """The node holding the session stopped (its heartbeat expired)."""
-
-
 class CeleryExecutor(Executor):
     shared = True  # sessions live outside this process: any gateway may serve them
 
@@ -78,8 +76,8 @@ class CeleryExecutor(Executor):
         self.keys = Keys(self.prefix)
         self.gateway = uuid.uuid4().hex[:12]
         self.redis = aioredis.from_url(settings.REDIS_URL)
-        self._runners: dict[str, str] = {}  # sid -> runner hostname
-        self._queues: dict[str, str] = {}  # runner hostname -> its worker_direct queue
+        self._runners: dict[str, str] = {}  # sid -> runner identity (keys.runner_identity)
+        self._queues: dict[str, str] = {}  # runner identity -> its node's worker_direct queue
         self._wakeups: dict[str, set[asyncio.Event]] = {}  # sid or task_id -> its waiters' events
         self._replies: dict[str, asyncio.Future] = {}
         self._runner_cache: tuple[float, list[tuple[str, int, str]]] = (0.0, [])
@@ -164,14 +162,14 @@ class CeleryExecutor(Executor):
         # until the node reconnects, so a routed message would be dropped).
         queue = self._queues.get(runner)
         if queue is None:
-            queue = self._queues[runner] = worker_direct(runner).name
+            queue = self._queues[runner] = worker_direct(runner_hostname(runner)).name
         return queue, celery_message(task, list(args), queue, origin=self.gateway)
 
     async def _send(self, task: str, runner: str, *args: Any) -> None:
         await self.redis.lpush(*self._message(task, runner, *args))
 
     async def runners(self) -> list[tuple[str, int, str]]:
-        """Live runner nodes (name, session count, dedicated team), from heartbeats (cached 1 s)."""
+        """Live runners (identity, session count, dedicated team), from heartbeats (cached 1 s)."""
         cached_at, runners = self._runner_cache
         if time.monotonic() - cached_at < 1.0:
             return runners
@@ -182,16 +180,19 @@ class CeleryExecutor(Executor):
         for name, value in zip(names, values, strict=True):
             if value:  # the index lags the heartbeat's TTL; the key is the truth
                 beat = json.loads(value)
-                runners.append((name, int(beat.get("sessions", 0)), beat.get("team", "")))
+                runners.append((heartbeat_identity(name, value), int(beat.get("sessions", 0)), beat.get("team", "")))
         self._runner_cache = (time.monotonic(), runners)
         return runners
 
     async def runner_alive(self, runner: str) -> bool:
-        """Whether the node has a heartbeat, or lost it less than ORS_RUNNER_GRACE_SECONDS ago (a
-        restarted Redis loses every heartbeat at once; live nodes write theirs again within a second)."""
-        if await self.redis.exists(self.keys.runner(runner)):
+        """Whether the runner beats, or its node's heartbeat went missing less than
+        ORS_RUNNER_GRACE_SECONDS ago (a restarted Redis loses every heartbeat at once; live nodes
+        write theirs again within a second). A heartbeat of another start of the node means no."""
+        hostname = runner_hostname(runner)
+        beating = heartbeat_identity(hostname, await self.redis.get(self.keys.runner(hostname)))
+        if beating is not None:
             self._missing_since.pop(runner, None)
-            return True
+            return beating == runner
         first_missing = self._missing_since.setdefault(runner, time.monotonic())
         return time.monotonic() - first_missing < settings.ORS_RUNNER_GRACE_SECONDS
 
@@ -315,7 +316,7 @@ class CeleryExecutor(Executor):
                     if not await self.runner_alive(runner):
                         raise RunnerLost(sid) from None
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"runner {runner} did not answer") from None
+                        raise RunnerUnavailable(f"runner {runner} did not answer") from None
         finally:
             self._replies.pop(request_id, None)
         if message["ok"]:

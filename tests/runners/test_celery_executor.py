@@ -12,6 +12,7 @@ import pytest
 from ors.client import ORS
 
 from orsplatform.episodes.models import Session, ToolCall
+from orsplatform.runners.keys import runner_hostname
 from tests.fixtures.celery import wait_until
 from tests.fixtures.ors import parse_sse, sse_result
 
@@ -28,6 +29,11 @@ def open_session(base: str, person, env: str = "math", **create) -> str:
 
 def h(person, sid: str) -> dict:
     return {**person.headers, "X-Session-ID": sid}
+
+
+def answered(r: httpx.Response) -> httpx.Response | None:
+    """The response once it is no longer a 200 (for wait_until)."""
+    return r if r.status_code != 200 else None
 
 
 def code_task_with_sleep(seconds: float) -> dict:
@@ -55,7 +61,7 @@ def test_an_episode_runs_end_to_end_through_runner_nodes_with_the_official_clien
     finally:
         client.close()
     row = Session.objects.get(sid=sid)
-    assert row.runner in runners
+    assert runner_hostname(row.runner) in runners
     wait_until(lambda: Session.objects.get(sid=sid).status == "deleted", 10, "session deleted")
     call = ToolCall.objects.get(session__sid=sid)
     assert call.status == "ok" and call.reward == 1.0 and call.finished
@@ -96,7 +102,7 @@ def test_a_killed_runner_ends_its_calls_with_an_error_and_spares_other_runners(c
     cluster.start_platform_worker()
     gateway = server_factory(**cluster.env())
     sids = [open_session(gateway.url, owner, env="code", task_spec=code_task_with_sleep(0)) for _ in range(2)]
-    by_runner = {Session.objects.get(sid=s).runner: s for s in sids}
+    by_runner = {runner_hostname(Session.objects.get(sid=s).runner): s for s in sids}
     assert set(by_runner) == {first, second}, "sessions are placed on the least loaded runner"
     doomed, survivor = by_runner[first], by_runner[second]
     before = ToolCall.objects.count()
@@ -153,6 +159,52 @@ def test_a_restarted_runner_does_not_resurrect_lost_sessions(cluster, server_fac
     r = httpx.post(f"{gateway.url}/math/call", headers=h(owner, new), timeout=30,
                    json={"name": "submit", "input": {"answer": "0"}})
     assert sse_result(r.text)["ok"]
+
+
+def test_a_runner_restarted_under_its_name_before_its_heartbeat_expires_is_another_runner(
+        cluster, server_factory, owner):
+    """A container's restart policy brings a killed node back under the same name within a second:
+    its predecessor's sessions are lost all the same, a call running there ends with an error, and
+    a setup still queued for the predecessor is dropped, not run on the new process."""
+    hostname = cluster.start_runner("lazarus")
+    cluster.start_platform_worker()
+    gateway = server_factory(**cluster.env())
+    old = open_session(gateway.url, owner, env="code", task_spec=code_task_with_sleep(0))
+    assert httpx.get(f"{gateway.url}/code/prompt", headers=h(owner, old), timeout=30).status_code == 200
+    events: list = []
+
+    def long_call() -> None:
+        r = httpx.post(f"{gateway.url}/code/call", headers=h(owner, old), timeout=60,
+                       json={"name": "run", "input": {"code": SLEEPY.format(s=30)}})
+        events.extend(parse_sse(r.text))
+
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    wait_until(lambda: cluster.redis.zcard(f"{cluster.prefix}:running-calls"), 15, "call started")
+    cluster.kill_runner(hostname)
+    # Placed while the dead node's heartbeat still stands: its setup waits in the node's queue.
+    queued = open_session(gateway.url, owner)
+    killed_at = time.monotonic()
+    assert cluster.start_runner("lazarus") == hostname  # same name, same queue, new process
+
+    caller.join(timeout=30)
+    assert not caller.is_alive() and time.monotonic() - killed_at < 15, "the stream ends within the bound"
+    assert [e for e, _ in events if e != ":"][-1] == "error"
+    for sid in (old, queued):
+        wait_until(lambda sid=sid: Session.objects.get(sid=sid).status == "lost", 20, f"{sid} marked lost")
+        # The gateway re-reads a session's row every ORS_SESSION_CACHE_SECONDS.
+        r = wait_until(lambda sid=sid: answered(httpx.post(f"{gateway.url}/ping", headers=h(owner, sid))),
+                       10, f"{sid} answered as lost")
+        assert r.status_code == 410 and "lost" in r.json()["detail"].lower()
+    record = json.loads(cluster.redis.get(f"{cluster.prefix}:state:{queued}"))
+    assert record["state"] != "ready", "the queued setup must not run on the new process"
+    # The new process takes new sessions.
+    new = open_session(gateway.url, owner)
+    r = httpx.post(f"{gateway.url}/math/call", headers=h(owner, new), timeout=30,
+                   json={"name": "submit", "input": {"answer": "0"}})
+    assert sse_result(r.text)["ok"]
+    assert runner_hostname(Session.objects.get(sid=new).runner) == hostname
+    assert Session.objects.get(sid=new).runner != Session.objects.get(sid=old).runner
 
 
 def test_a_duplicate_delivery_never_runs_a_call_twice(cluster, server_factory, owner):

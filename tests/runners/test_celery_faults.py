@@ -14,6 +14,7 @@ from django.test import Client
 
 from orsplatform.catalog.services import environment_publish
 from orsplatform.episodes.models import Session, ToolCall
+from orsplatform.runners.keys import runner_hostname
 from tests.fixtures.celery import Cluster, wait_until
 from tests.fixtures.ors import parse_sse, sse_result
 
@@ -129,8 +130,8 @@ def test_a_teams_dedicated_runners_take_only_its_sessions(cluster, server_factor
     gateway = server_factory(**cluster.env())
     mine = [open_session(gateway.url, owner, "math") for _ in range(3)]
     theirs = [open_session(gateway.url, outsider, "math") for _ in range(3)]
-    assert {Session.objects.get(sid=s).runner for s in mine} == {dedicated}
-    assert {Session.objects.get(sid=s).runner for s in theirs} == {shared}
+    assert {runner_hostname(Session.objects.get(sid=s).runner) for s in mine} == {dedicated}
+    assert {runner_hostname(Session.objects.get(sid=s).runner) for s in theirs} == {shared}
 
 
 def test_runner_nodes_hold_no_platform_credentials(cluster, server_factory, owner, probe):
