@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any
 
+import orjson
 import redis
 from celery import Celery, bootsteps
 from celery.signals import worker_ready, worker_shutdown
@@ -87,7 +88,7 @@ class Node:
 
     def publish(self, gateway: str, message: dict[str, Any]) -> None:
         if gateway:
-            self.redis.publish(KEYS.gateway(gateway), json.dumps(message))
+            self.redis.publish(KEYS.gateway(gateway), encode(message))
 
     def heartbeat_forever(self) -> None:
         while not self._stop.is_set():
@@ -114,6 +115,18 @@ class Node:
 
 
 node = Node()
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """JSON as the gateways read it (orjson: NaN and Infinity become null, as on the inline
+    executor's wire). A reply's value comes straight from environment code (results and prompts
+    are checked where they are made): one that cannot be encoded becomes an error reply instead of
+    a message no gateway can read."""
+    try:
+        return orjson.dumps(message)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        return orjson.dumps({"kind": message.get("kind"), "request": message.get("request"), "ok": False,
+                             "error": f"The environment's answer is not valid JSON: {exc}"})
 
 
 @worker_ready.connect
@@ -152,7 +165,12 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
         state = {"state": "gone"}
     if spec.sid not in node.sessions:
         state = {"state": "gone"}  # torn down while setting up: never resurrect it
-    encoded = json.dumps(state)
+    try:
+        encoded = orjson.dumps(state)
+    except (TypeError, orjson.JSONEncodeError) as exc:  # the environment's prompt
+        state.pop("prompt", None)  # /prompt asks the node, which reports the error
+        log.warning("session %s: the initial prompt is not valid JSON: %s", spec.sid, exc)
+        encoded = orjson.dumps(state)
     # Broadcast: any gateway may be waiting for this session's setup, not only the creator; a big
     # prompt stays out of the message (gateways read it from the record).
     message = {"kind": "state", "sid": spec.sid, **state}
@@ -160,7 +178,7 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
         message.pop("prompt", None)
     pipe = node.redis.pipeline(transaction=False)
     pipe.set(KEYS.state(spec.sid), encoded, ex=STATE_TTL)
-    pipe.publish(KEYS.sessions, json.dumps(message))
+    pipe.publish(KEYS.sessions, encode(message))
     pipe.execute()
 
 
@@ -174,7 +192,12 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
     except UnknownSession:
         payload = {"result": None, "exception": "Session lost: this runner does not hold it."}
     payload.update(started_at=started, finished_at=time.time())
-    encoded = json.dumps(payload)
+    try:
+        encoded = orjson.dumps(payload)
+    except (TypeError, orjson.JSONEncodeError) as exc:  # e.g. a lone surrogate in a text block
+        payload = {"result": None, "exception": f"The tool's result is not valid JSON: {exc}",
+                   "started_at": payload["started_at"], "finished_at": payload["finished_at"]}
+        encoded = orjson.dumps(payload)
     # Small results ride along with the wake-up (saving the gateway a read); large ones are read
     # from the durable key. One round trip for both.
     message = {"kind": "call", "task_id": task_id}
@@ -183,7 +206,7 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
     pipe = node.redis.pipeline(transaction=False)
     pipe.set(KEYS.result(task_id), encoded, ex=RESULT_TTL)
     if gateway:
-        pipe.publish(KEYS.gateway(gateway), json.dumps(message))
+        pipe.publish(KEYS.gateway(gateway), encode(message))
     pipe.execute()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -102,21 +103,27 @@ class CeleryExecutor(Executor):
 
     async def _listen(self, ready: asyncio.Event) -> None:
         while True:
+            pubsub = self.redis.pubsub()
             try:
-                pubsub = self.redis.pubsub()
                 # This gateway's own channel (replies, its calls) and the broadcast of session states,
                 # since a session's setup may be awaited by any gateway.
                 await pubsub.subscribe(self.keys.gateway(self.gateway), self.keys.sessions)
                 ready.set()
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        self._dispatch(orjson.loads(message["data"]))
+                        try:
+                            self._dispatch(orjson.loads(message["data"]))
+                        except Exception:  # one unreadable message must not cost the subscription
+                            log.exception("unreadable message on the runner channel")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis restarted: resubscribe; durable keys cover the gap
                 log.warning("runner channel lost (%s); resubscribing", exc)
                 ready.set()
                 await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):  # its connection goes back, not leaked
+                    await pubsub.aclose()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("kind")

@@ -54,6 +54,16 @@ PROBE = textwrap.dedent('''
             return ToolOutput(blocks=[TextBlock(text="rested")], reward=1.0)
 
         @tool
+        def odd_reward(self) -> ToolOutput:
+            """A reward JSON has no number for."""
+            return ToolOutput(blocks=[TextBlock(text="nan")], reward=float("nan"))
+
+        @tool
+        def garbled(self) -> ToolOutput:
+            """Text no JSON encoder accepts (a lone surrogate)."""
+            return ToolOutput(blocks=[TextBlock(text="\\ud800")])
+
+        @tool
         def reveal(self) -> ToolOutput:
             """Echoes the session's secret, as careless environment code might."""
             return ToolOutput(blocks=[TextBlock(text="token=" + self.token)])
@@ -103,6 +113,31 @@ def test_a_tool_over_its_timeout_answers_a_timeout_and_the_session_stays_usable(
     assert result["ok"] is False and result["reason"] == "timeout"
     result = sse_result(call(gateway.url, owner, sid, probe, "nap", {"seconds": 0}).text)
     assert result["ok"] is True and result["output"]["reward"] == 1.0
+
+
+def test_results_json_cannot_carry_end_as_on_the_inline_executor_and_the_gateway_keeps_listening(
+        cluster, server_factory, owner, probe):
+    cluster.start_runner()
+    # Polling so slow that an answer found by polling instead of the channel's wake-up shows.
+    gateway = server_factory(**cluster.env(ORS_RUNNER_POLL_SECONDS="5"))
+    sid = open_session(gateway.url, owner, probe)
+
+    def timed(name: str) -> tuple[str, float]:
+        started = time.monotonic()
+        text = call(gateway.url, owner, sid, probe, name, {} if name != "nap" else {"seconds": 0}).text
+        return text, time.monotonic() - started
+
+    text, took = timed("odd_reward")
+    result = sse_result(text)
+    assert result["ok"] is True and result["output"]["reward"] is None  # NaN: null, as orjson writes it
+    assert took < 3
+    text, took = timed("garbled")
+    events = parse_sse(text)
+    assert events[-1][0] == "error" and "not valid JSON" in events[-1][1] and took < 3
+    text, took = timed("nap")
+    assert sse_result(text)["ok"] is True and took < 3, "the gateway still listens on its channel"
+    assert list(ToolCall.objects.filter(session__sid=sid).order_by("started_at").values_list("status", flat=True)) == [
+        "ok", "error", "ok"]
 
 
 def test_a_runner_that_never_answers_ends_the_call_with_an_error_within_the_bound(cluster, server_factory, owner, probe):
