@@ -343,15 +343,19 @@ class OrsApp:
                 self.sessions.pop(live.sid, None)  # a cached copy nobody asked for in a long while
                 self.executor.detach(live.sid)
                 continue
-            # With a shared executor, idle expiry is the beat's job (it sees every gateway's activity).
-            if not self.executor.shared and now - live.last_activity > timeout and not live.busy():
+            if self.executor.shared:
+                # Idle expiry is the beat's job (it sees every gateway's activity). A call running
+                # here is activity: flushed like any other, so no session expires under a long call.
+                if live.busy():
+                    live.touch()
+            elif now - live.last_activity > timeout and not live.busy():
                 log.info("session %s expired after %.0f s idle", live.sid, now - live.last_activity)
                 await self.end_session(live, Session.Status.EXPIRED)
-            else:
-                linger = settings.ORS_RESULT_LINGER_SECONDS
-                for task_id, entry in list(live.calls.items()):
-                    if entry.finished_at is not None and now - entry.finished_at > linger:
-                        live.calls.pop(task_id, None)
+                continue
+            linger = settings.ORS_RESULT_LINGER_SECONDS
+            for task_id, entry in list(live.calls.items()):
+                if entry.finished_at is not None and now - entry.finished_at > linger:
+                    live.calls.pop(task_id, None)
         for sid, pending in list(self.pending.items()):
             if now - pending.created > max(timeout, 600):
                 self.pending.pop(sid, None)

@@ -136,13 +136,30 @@ def test_a_killed_runner_ends_its_calls_with_an_error_and_spares_other_runners(c
 
 
 def test_idle_sessions_expire_on_the_beat(cluster, server_factory, owner):
-    cluster.start_runner()
+    runner = cluster.start_runner()
     cluster.start_platform_worker(ORS_IDLE_TIMEOUT_SECONDS="2")
     gateway = server_factory(**cluster.env(ORS_IDLE_TIMEOUT_SECONDS="2"))
     sid = open_session(gateway.url, owner)
+    wait_until(lambda: cluster.heartbeat(runner)["sessions"] == 1, 10, "the instance is on the runner")
     wait_until(lambda: Session.objects.get(sid=sid).status == "expired", 20, "session expired")
     r = httpx.post(f"{gateway.url}/ping", headers=h(owner, sid))
     assert r.status_code == 404 and "expired" in r.json()["detail"]
+    # Torn down on its runner, not only marked in the database.
+    wait_until(lambda: cluster.heartbeat(runner)["sessions"] == 0, 10, "the instance torn down")
+    assert json.loads(cluster.redis.get(f"{cluster.prefix}:state:{sid}")) == {"state": "gone"}
+
+
+def test_a_call_longer_than_the_idle_timeout_keeps_its_session_open(cluster, server_factory, owner):
+    cluster.start_runner()
+    cluster.start_platform_worker(ORS_IDLE_TIMEOUT_SECONDS="2")
+    gateway = server_factory(**cluster.env(ORS_IDLE_TIMEOUT_SECONDS="2"))
+    sid = open_session(gateway.url, owner, env="code", task_spec=code_task_with_sleep(0))
+    r = httpx.post(f"{gateway.url}/code/call", headers=h(owner, sid), timeout=60,
+                   json={"name": "run", "input": {"code": SLEEPY.format(s=5)}})
+    assert sse_result(r.text)["ok"], "the session was not expired under the running call"
+    assert Session.objects.get(sid=sid).status == "ready"
+    # Idle from here on: the beat expires it.
+    wait_until(lambda: Session.objects.get(sid=sid).status == "expired", 20, "session expired")
 
 
 def test_a_restarted_runner_does_not_resurrect_lost_sessions(cluster, server_factory, owner):
