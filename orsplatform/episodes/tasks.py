@@ -115,6 +115,7 @@ def finish_orphaned_calls() -> int:
         if result_raw is not None:
             payload = json.loads(result_raw)
             result, exception = payload.get("audit", payload.get("result")), payload.get("exception")
+            marker["input"] = payload.get("audit_input", marker["input"])  # stripped by the runner
         elif _beating(client, keys, marker.get("runner", "")) != marker.get("runner"):
             result, exception = None, "Runner lost: the node holding this session stopped."
         else:

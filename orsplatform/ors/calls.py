@@ -76,7 +76,8 @@ async def _run(app: OrsApp, live: LiveSession, entry: CallEntry, name: str, tool
             audit_result = storable(audit_result)
         try:
             await app.store.tool_call_record(
-                session_pk=live.pk, task_id=entry.task_id, name=storable(name), input=audit_input,
+                session_pk=live.pk, task_id=entry.task_id, name=storable(name),
+                input=audit_input if outcome.audit_input is None else storable(outcome.audit_input),
                 result=audit_result, exception=storable(outcome.exception), started_at=started_at,
                 finished_at=timezone.now(),
             )

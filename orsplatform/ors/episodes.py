@@ -152,7 +152,8 @@ async def prompt(app: OrsApp, req: Request, caller: Caller, env_ref: str | None)
     if not live.prompt_recorded:
         # For the session explorer and exports; off the request's path (the answer does not wait).
         live.prompt_recorded = True
-        app.spawn(_record_prompt(app, live.pk, storable(redact(blocks, live.secrets))))
+        audit = app.executor.prompt_audit(live.sid)
+        app.spawn(_record_prompt(app, live.pk, storable(audit if audit is not None else redact(blocks, live.secrets))))
     return blocks
 
 

@@ -29,9 +29,11 @@ class CallOutcome:
 
     result: dict | None = None
     exception: str | None = None
-    # The result with the session's secret values stripped, for the audit log, when the result
-    # contained one (set by the executor that holds the secrets; None: `result` is safe to store).
+    # The result and the tool input with the session's secret values stripped, for the audit log,
+    # when they contained one (set by the executor that holds the secrets, which a gateway serving
+    # a session another gateway created does not; None: the original is safe to store).
     audit: dict | None = None
+    audit_input: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -72,6 +74,12 @@ class Executor(ABC):
     def detach(self, sid: str) -> None:  # noqa: B027 - a no-op unless sessions are shared
         """This gateway stops serving a shared session (ended elsewhere, or not asked for in a
         while); the instance itself is left alone."""
+
+    def prompt_audit(self, sid: str) -> list[dict] | None:
+        """The initial prompt with the session's secret values stripped, when the executor holding
+        the secrets made one because the prompt contained one (None: redact it with the secrets
+        the gateway has, if any)."""
+        return None
 
     @abstractmethod
     async def start(self, spec: SessionSpec, runner: str = "") -> None:

@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ors import Environment, ToolOutput
@@ -145,17 +145,13 @@ class InlineExecutor(Executor):
                 outcome = await asyncio.wait_for(self._dispatch(instance, name, input), timeout)
                 if outcome.ok and outcome.result["output"].get("finished"):
                     live.finished = True
-                if live.secrets and outcome.result is not None:
-                    audit = redact(outcome.result, live.secrets)
-                    if audit != outcome.result:
-                        return CallOutcome(result=outcome.result, audit=audit)
-                return outcome
             except TimeoutError:
                 # A sync tool keeps running in its thread; the session stays usable for new calls.
-                return CallOutcome(result=tool_error(f"Tool {name!r} timed out after {timeout:g} s", "timeout"))
+                outcome = CallOutcome(result=tool_error(f"Tool {name!r} timed out after {timeout:g} s", "timeout"))
             except Exception as exc:
                 log.info("tool %s raised %s in session %s", name, type(exc).__name__, sid)
-                return CallOutcome(exception=redact(f"{type(exc).__name__}: {exc}", live.secrets))
+                outcome = CallOutcome(exception=redact(f"{type(exc).__name__}: {exc}", live.secrets))
+            return _audited(outcome, input, live.secrets) if live.secrets else outcome
 
     async def _dispatch(self, instance: Environment, name: str, input: dict) -> CallOutcome:
         fn = None if name.startswith("_") else getattr(instance, name, None)
@@ -199,3 +195,11 @@ class InlineExecutor(Executor):
         for sid in list(self._live):
             await self.stop(sid)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _audited(outcome: CallOutcome, tool_input: dict, secrets: tuple[str, ...]) -> CallOutcome:
+    """The outcome with audit copies of its result and the tool's input, where they held a secret."""
+    audit = redact(outcome.result, secrets) if outcome.result is not None else None
+    audit_input = redact(tool_input, secrets)
+    return replace(outcome, audit=audit if audit != outcome.result else None,
+                   audit_input=audit_input if audit_input != tool_input else None)

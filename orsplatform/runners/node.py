@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -37,6 +38,7 @@ from celery.signals import worker_ready, worker_shutdown
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
 from orsplatform.runners.inline import InlineExecutor
 from orsplatform.runners.keys import GONE_RECORD, INLINE_PAYLOAD_BYTES, Keys, runner_identity
+from orsplatform.runners.redact import redact, secret_values
 
 log = logging.getLogger("orsplatform.runner")
 
@@ -49,6 +51,7 @@ RESULT_TTL = int(os.environ.get("ORS_RESULT_TTL_SECONDS", "3600"))
 STATE_TTL = int(os.environ.get("ORS_STATE_TTL_SECONDS", "86400"))
 # A node dedicated to one team (its slug) runs only that team's sessions; empty: the shared pool.
 TEAM = os.environ.get("ORS_RUNNER_TEAM", "")
+SEEN_CALLS_KEPT = 200_000  # task ids remembered against duplicate delivery
 KEYS = Keys(PREFIX)
 
 app = Celery("ors-runner", broker=BROKER_URL)
@@ -76,7 +79,7 @@ class Node:
         self.thread.start()
         self.executor = InlineExecutor(threads=int(os.environ.get("ORS_TOOL_THREADS", "64")))
         self.sessions: set[str] = set()
-        self.seen_calls: dict[str, float] = {}
+        self.seen_calls: OrderedDict[str, None] = OrderedDict()  # task ids, oldest first
         self.hostname = ""
         # This start of the node (see keys.runner_identity): sessions placed here record it.
         self.boot = os.urandom(4).hex()
@@ -157,6 +160,9 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
             # here so /prompt is answered from the session's record instead of a round trip to
             # this node; if get_prompt() fails, /prompt asks the node and reports the error.
             state["prompt"] = await node.executor.prompt(spec.sid)
+            audit = redact(state["prompt"], secret_values(spec.secrets))
+            if audit != state["prompt"]:  # for the audit log of a gateway that never saw the secrets
+                state["prompt_audit"] = audit
         except Exception:
             pass
     except SetupFailed as exc:
@@ -189,6 +195,8 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
         payload = {"result": outcome.result, "exception": outcome.exception}
         if outcome.audit is not None:
             payload["audit"] = outcome.audit  # the result with the session's secret values removed
+        if outcome.audit_input is not None:
+            payload["audit_input"] = outcome.audit_input  # and the input
     except UnknownSession:
         payload = {"result": None, "exception": "Session lost: this runner does not hold it."}
     payload.update(started_at=started, finished_at=time.time())
@@ -268,13 +276,11 @@ def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets:
 
 @app.task(name="ors.runner.call", Strategy=HANDOFF)
 def call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:
-    now = time.time()
     if task_id in node.seen_calls:
         return  # duplicate delivery: a tool call never runs twice
-    node.seen_calls[task_id] = now
-    if len(node.seen_calls) > 100_000:
-        cutoff = now - 3600
-        node.seen_calls = {k: v for k, v in node.seen_calls.items() if v > cutoff}
+    node.seen_calls[task_id] = None
+    if len(node.seen_calls) > SEEN_CALLS_KEPT:  # redeliveries come soon after: forget the oldest
+        node.seen_calls.popitem(last=False)
     node.submit(_call(sid, task_id, name, tool_input, timeout, gateway))
 
 

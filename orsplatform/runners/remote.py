@@ -342,6 +342,10 @@ class CeleryExecutor(Executor):
             return record["prompt"]
         return await self._request("ors.runner.prompt", sid)
 
+    def prompt_audit(self, sid: str) -> list[dict] | None:
+        record = self._records.get(sid)
+        return record.get("prompt_audit") if record is not None else None
+
     async def task_tools(self, sid: str) -> list[dict]:
         return await self._request("ors.runner.task_tools", sid)
 
@@ -412,7 +416,7 @@ class CeleryExecutor(Executor):
             payload = self._results.pop(task_id, None) or await self.result(task_id)
             if payload is not None:
                 return CallOutcome(result=payload["result"], exception=payload["exception"],
-                                   audit=payload.get("audit"))
+                                   audit=payload.get("audit"), audit_input=payload.get("audit_input"))
             if not await self.runner_alive(runner):
                 return CallOutcome(exception="Runner lost: the node holding this session stopped.")
             if time.monotonic() > deadline:

@@ -44,8 +44,8 @@ PROBE = textwrap.dedent('''
         def list_tasks(cls, split):
             return [{"id": 0}]
 
-        def get_prompt(self):
-            return [TextBlock(text="probe")]
+        def get_prompt(self):  # careless too: a prompt that shows the secret
+            return [TextBlock(text=f"probe {self.token}".strip())]
 
         @tool
         async def nap(self, params: Nap) -> ToolOutput:
@@ -195,6 +195,15 @@ def test_a_secret_echoed_through_another_gateway_is_kept_out_of_the_audit_log(cl
     assert result["output"]["blocks"][0]["text"] == f"token={secret}"
     row = ToolCall.objects.get(session__sid=sid, name="reveal")
     assert secret not in json.dumps(row.output) and "[redacted]" in json.dumps(row.output)
+    # The same for what the client sends (an input that quotes the secret) and the prompt.
+    sse_result(call(b.url, owner, sid, probe, "nap", {"seconds": 0, "note": secret}).text)
+    row = ToolCall.objects.get(session__sid=sid, name="nap")
+    assert secret not in json.dumps(row.input) and "[redacted]" in json.dumps(row.input)
+    r = httpx.get(f"{b.url}/{probe}/prompt", headers={**owner.headers, "X-Session-ID": sid}, timeout=30)
+    assert r.json()[0]["text"] == f"probe {secret}"
+    wait_until(lambda: Session.objects.get(sid=sid).prompt, 10, "prompt recorded")
+    prompt = json.dumps(Session.objects.get(sid=sid).prompt)
+    assert secret not in prompt and "[redacted]" in prompt
 
 
 def test_a_session_deleted_through_another_gateway_is_torn_down_on_its_runner(cluster, server_factory, owner):
