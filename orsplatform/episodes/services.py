@@ -160,20 +160,20 @@ def session_record_prompt(*, pk: int, blocks: list[dict[str, Any]]) -> None:
 OPEN = (Session.Status.CREATING, Session.Status.READY)
 
 
-def sessions_expire_idle(*, idle_before: datetime, limit: int) -> list[tuple[str, str]]:
+def sessions_expire_idle(*, idle_before: datetime, limit: int) -> list[tuple[str, str, int]]:
     """Mark up to `limit` open sessions idle since before `idle_before` as expired; returns their
-    (sid, runner) so the caller can tear them down. Safe with two beats: rows another worker has
-    locked are skipped, and the update re-checks the status."""
+    (sid, runner, team id) so the caller can tear them down and free their slots. Safe with two
+    beats: rows another worker has locked are skipped, and the update re-checks the status."""
     with transaction.atomic():
         rows = list(
             Session.objects.select_for_update(skip_locked=True)
             .filter(status__in=OPEN, last_activity_at__lt=idle_before).exclude(runner="inline")
-            .order_by("last_activity_at").values_list("pk", "sid", "runner")[:limit]
+            .order_by("last_activity_at").values_list("pk", "sid", "runner", "team_id")[:limit]
         )
         if rows:
             Session.objects.filter(pk__in=[r[0] for r in rows], status__in=OPEN).update(
                 status=Session.Status.EXPIRED, ended_at=timezone.now())
-    return [(sid, runner) for _, sid, runner in rows]
+    return [(sid, runner, team_id) for _, sid, runner, team_id in rows]
 
 
 def open_session_runners() -> list[str]:
@@ -181,21 +181,21 @@ def open_session_runners() -> list[str]:
                 .values_list("runner", flat=True).distinct())
 
 
-def sessions_mark_lost(*, runner: str, limit: int) -> list[str]:
+def sessions_mark_lost(*, runner: str, limit: int) -> list[tuple[str, int]]:
     """A runner's heartbeat stopped: its open sessions are lost and their running calls end with an
-    error. Returns the sids marked (a full batch means: call again)."""
+    error. Returns the (sid, team id) of those marked (a full batch means: call again)."""
     now = timezone.now()
     with transaction.atomic():
         rows = list(Session.objects.select_for_update(skip_locked=True)
-                    .filter(runner=runner, status__in=OPEN).values_list("pk", "sid")[:limit])
-        pks = [pk for pk, _ in rows]
+                    .filter(runner=runner, status__in=OPEN).values_list("pk", "sid", "team_id")[:limit])
+        pks = [pk for pk, _, _ in rows]
         if pks:
             Session.objects.filter(pk__in=pks, status__in=OPEN).update(
                 status=Session.Status.LOST, ended_at=now, error=f"Runner {runner} stopped.")
             ToolCall.objects.filter(session_id__in=pks, status=ToolCall.Status.RUNNING).update(
                 status=ToolCall.Status.ERROR, error="Runner lost: the node holding this session stopped.",
                 finished_at=now)
-    return [sid for _, sid in rows]
+    return [(sid, team_id) for _, sid, team_id in rows]
 
 
 def tool_call_exists(*, task_id: str) -> bool:

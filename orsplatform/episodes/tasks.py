@@ -38,6 +38,18 @@ def _beating(client: redis.Redis, keys: Keys, runner: str) -> str | None:
     return heartbeat_identity(hostname, client.get(keys.runner(hostname)))
 
 
+def _forget(client: redis.Redis, keys: Keys, ended: list[tuple[str, int]]) -> None:
+    """Sessions the beat ended: no gateway serves them from their Redis record any more, and their
+    team's open-session slots are free at once (not when the gateways' leases lapse)."""
+    if not ended:
+        return
+    pipe = client.pipeline(transaction=False)
+    for sid, team_id in ended:
+        pipe.set(keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
+        pipe.zrem(keys.slots(team_id), sid)
+    pipe.execute()
+
+
 @shared_task(name="orsplatform.episodes.tasks.reap_idle_sessions")
 def reap_idle_sessions() -> int:
     from orsplatform.celery import app
@@ -45,9 +57,9 @@ def reap_idle_sessions() -> int:
     idle_before = timezone.now() - timedelta(seconds=settings.ORS_IDLE_TIMEOUT_SECONDS)
     expired = services.sessions_expire_idle(idle_before=idle_before, limit=BATCH)
     keys, client = _keys(), _redis()
-    for sid, runner in expired:
+    for sid, runner, _ in expired:
         app.send_task("ors.runner.teardown", args=[sid], queue=worker_direct(runner_hostname(runner)))
-        client.set(keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
+    _forget(client, keys, [(sid, team_id) for sid, _, team_id in expired])
     if len(expired) == BATCH:
         reap_idle_sessions.delay()
     if expired:
@@ -72,14 +84,10 @@ def fail_lost_runners() -> int:
             client.set(keys.missing(runner), now, nx=True, ex=3600)
             if now - float(client.get(keys.missing(runner)) or now) < settings.ORS_RUNNER_GRACE_SECONDS:
                 continue
-        sids = services.sessions_mark_lost(runner=runner, limit=BATCH)
-        count = len(sids)
+        lost = services.sessions_mark_lost(runner=runner, limit=BATCH)
+        count = len(lost)
         marked += count
-        if sids:  # no gateway serves them from their Redis record any more
-            pipe = client.pipeline(transaction=False)
-            for sid in sids:
-                pipe.set(keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
-            pipe.execute()
+        _forget(client, keys, lost)
         log.warning("runner %s stopped (heartbeat: %s): %d sessions marked lost", runner, beating, count)
         if count == BATCH:
             fail_lost_runners.delay()

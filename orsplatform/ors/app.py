@@ -235,6 +235,8 @@ class OrsApp:
             else:
                 self.sessions.pop(sid, None)
                 self.executor.detach(sid)
+                if live.holds_slot:  # ended elsewhere (another gateway, the beat): free its slot now
+                    await self.limits.release_session(live.team_id, sid)
                 raise await self.session_gone_error(caller, sid)
         if live is None and self.executor.shared:
             live = await self.adopt(caller, sid)

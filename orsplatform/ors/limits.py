@@ -14,6 +14,7 @@ import time
 from django.conf import settings
 
 from orsplatform.ors.http import HttpError
+from orsplatform.runners.keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class Limits:
         if team_id is None or limit is None:
             return False
         if self._redis is not None:
-            ok = await self._acquire_script(keys=[f"{settings.ORS_REDIS_PREFIX}:slots:{team_id}"],
+            ok = await self._acquire_script(keys=[Keys(settings.ORS_REDIS_PREFIX).slots(team_id)],
                                             args=[sid, limit, time.time(), SLOT_LEASE_SECONDS])
         else:
             slots = self._slots.setdefault(team_id, set())
@@ -83,7 +84,7 @@ class Limits:
             return
         if self._redis is not None:
             try:
-                await self._redis.zrem(f"{settings.ORS_REDIS_PREFIX}:slots:{team_id}", sid)
+                await self._redis.zrem(Keys(settings.ORS_REDIS_PREFIX).slots(team_id), sid)
             except Exception:
                 log.warning("could not release session slot for team %s", team_id)
         else:
@@ -96,7 +97,7 @@ class Limits:
         now = time.time()
         async with self._redis.pipeline(transaction=False) as pipe:
             for team_id, sid in sessions:
-                pipe.zadd(f"{settings.ORS_REDIS_PREFIX}:slots:{team_id}", {sid: now}, xx=True)
+                pipe.zadd(Keys(settings.ORS_REDIS_PREFIX).slots(team_id), {sid: now}, xx=True)
             await pipe.execute()
 
     async def take_call_token(self, team_id: int | None, rate: int | None) -> None:

@@ -49,6 +49,10 @@ class Keys:
         """A running call's marker (redacted audit data), kept by its gateway until its row is written."""
         return f"{self.prefix}:call:{task_id}"
 
+    def slots(self, team_id: int) -> str:
+        """A team's open-session slots (sorted set: sid -> when a gateway last vouched for it)."""
+        return f"{self.prefix}:slots:{team_id}"
+
     def gateway(self, gateway: str) -> str:
         """A gateway's own channel: replies and its calls' results."""
         return f"{self.prefix}:gw:{gateway}"

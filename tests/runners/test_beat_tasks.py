@@ -71,9 +71,14 @@ def test_a_heartbeat_missing_past_the_grace_period_loses_the_runners_sessions(be
     assert json.loads(beat.redis.get(beat.keys.state(sid))) == {"state": "gone"}
 
 
-def test_another_start_of_the_node_under_its_name_loses_the_old_starts_sessions_at_once(beat, open_session_on):
+def test_another_start_of_the_node_under_its_name_loses_the_old_starts_sessions_at_once(
+        beat, open_session_on, owner):
     old = open_session_on(runner_identity("node@d", "first"))
     new = open_session_on(runner_identity("node@d", "second"))
+    slots = beat.keys.slots(owner.team.pk)
+    beat.redis.zadd(slots, {old: 1, new: 1})  # both hold one of the team's open-session slots
     beats(beat, "node@d", "second")
     assert fail_lost_runners() == 1
     assert (status(old), status(new)) == ("lost", "creating")
+    # The lost session's slot is free at once, not when a gateway's lease on it lapses.
+    assert [m.decode() for m in beat.redis.zrange(slots, 0, -1)] == [new]
