@@ -261,10 +261,24 @@ def test_a_broker_restart_fails_requests_fast_and_recovers_without_a_restart(liv
 
 def test_readiness_requires_a_live_runner_with_the_celery_executor(cluster, settings):
     settings.ORS_EXECUTOR = "celery"
-    settings.REDIS_URL = cluster.redis_url
+    settings.REDIS_URL = settings.CELERY_BROKER_URL = cluster.redis_url
     settings.ORS_REDIS_PREFIX = cluster.prefix
     r = Client().get("/ready")
     assert r.status_code == 503 and r.json()["runners"] == "none"
     cluster.start_runner()
     r = Client().get("/ready")
-    assert r.status_code == 200 and r.json() == {"status": "ok", "database": "ok", "broker": "ok", "runners": "1 live"}
+    assert r.status_code == 200 and r.json() == {
+        "status": "ok", "database": "ok", "redis": "ok", "broker": "ok", "runners": "1 live"}
+
+
+def test_readiness_checks_a_broker_other_than_redis(cluster, settings):
+    cluster.start_runner()
+    settings.ORS_EXECUTOR = "celery"
+    settings.REDIS_URL = cluster.redis_url
+    settings.ORS_REDIS_PREFIX = cluster.prefix
+    settings.CELERY_BROKER_URL = cluster.redis_url.rsplit("/", 1)[0] + "/1"  # another database: checked apart
+    r = Client().get("/ready")
+    assert r.status_code == 200 and r.json()["broker"] == "ok"
+    settings.CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:1//"  # nothing listens there
+    r = Client().get("/ready")
+    assert r.status_code == 503 and r.json()["broker"] == "down" and r.json()["redis"] == "ok"
