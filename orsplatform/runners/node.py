@@ -186,6 +186,9 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
     pipe.set(KEYS.state(spec.sid), encoded, ex=STATE_TTL)
     pipe.publish(KEYS.sessions, encode(message))
     pipe.execute()
+    if state["state"] == "failed":  # nothing will run in it: free the node now, not at a /delete
+        node.sessions.discard(spec.sid)
+        await node.executor.stop(spec.sid)
 
 
 async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:

@@ -44,6 +44,10 @@ PROBE = textwrap.dedent('''
         def list_tasks(cls, split):
             return [{"id": 0}]
 
+        def setup(self):
+            if self.task_spec.get("fail_setup"):
+                raise RuntimeError("setup refused")
+
         def get_prompt(self):  # careless too: a prompt that shows the secret
             return [TextBlock(text=f"probe {self.token}".strip())]
 
@@ -138,6 +142,19 @@ def test_results_json_cannot_carry_end_as_on_the_inline_executor_and_the_gateway
     assert sse_result(text)["ok"] is True and took < 3, "the gateway still listens on its channel"
     assert list(ToolCall.objects.filter(session__sid=sid).order_by("started_at").values_list("status", flat=True)) == [
         "ok", "error", "ok"]
+
+
+def test_a_failed_setup_is_reported_and_frees_its_place_on_the_runner(cluster, server_factory, owner, probe):
+    runner = cluster.start_runner()
+    gateway = server_factory(**cluster.env())
+    sid = httpx.post(f"{gateway.url}/create_session", headers=owner.headers).json()["sid"]
+    r = httpx.post(f"{gateway.url}/{probe}/create", headers={**owner.headers, "X-Session-ID": sid},
+                   json={"task_spec": {"fail_setup": True}}, timeout=30)
+    assert r.status_code == 200, r.text
+    r = httpx.get(f"{gateway.url}/{probe}/prompt", headers={**owner.headers, "X-Session-ID": sid}, timeout=30)
+    assert r.status_code == 500 and "setup refused" in r.json()["detail"]
+    wait_until(lambda: Session.objects.get(sid=sid).status == "failed", 10, "session marked failed")
+    wait_until(lambda: cluster.heartbeat(runner).get("sessions") == 0, 10, "the runner let the instance go")
 
 
 def test_a_runner_that_never_answers_ends_the_call_with_an_error_within_the_bound(cluster, server_factory, owner, probe):
