@@ -153,8 +153,11 @@ def test_a_failed_setup_is_reported_and_frees_its_place_on_the_runner(cluster, s
     assert r.status_code == 200, r.text
     r = httpx.get(f"{gateway.url}/{probe}/prompt", headers={**owner.headers, "X-Session-ID": sid}, timeout=30)
     assert r.status_code == 500 and "setup refused" in r.json()["detail"]
+    after = time.time() + 0.5  # a heartbeat period after the failure was reported
     wait_until(lambda: Session.objects.get(sid=sid).status == "failed", 10, "session marked failed")
-    wait_until(lambda: cluster.heartbeat(runner).get("sessions") == 0, 10, "the runner let the instance go")
+    beat = wait_until(lambda: cluster.heartbeat(runner).get("at", 0) > after and cluster.heartbeat(runner),
+                      10, "a heartbeat written after the failure")
+    assert beat["sessions"] == 0, "the runner let the instance go"
 
 
 def test_a_runner_that_never_answers_ends_the_call_with_an_error_within_the_bound(cluster, server_factory, owner, probe):
