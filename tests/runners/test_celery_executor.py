@@ -105,6 +105,12 @@ def test_a_killed_runner_ends_its_calls_with_an_error_and_spares_other_runners(c
     by_runner = {runner_hostname(Session.objects.get(sid=s).runner): s for s in sids}
     assert set(by_runner) == {first, second}, "sessions are placed on the least loaded runner"
     doomed, survivor = by_runner[first], by_runner[second]
+    # A call recorded before the kill must survive it (one that does not finish the episode).
+    r = httpx.post(f"{gateway.url}/code/call", headers=h(owner, doomed), timeout=30,
+                   json={"name": "no_such_tool", "input": {}})
+    assert sse_result(r.text)["ok"] is False
+    recorded = list(ToolCall.objects.filter(session__sid=doomed).values_list("task_id", "status", "output"))
+    assert len(recorded) == 1
     before = ToolCall.objects.count()
 
     events: list = []
@@ -127,8 +133,10 @@ def test_a_killed_runner_ends_its_calls_with_an_error_and_spares_other_runners(c
     r = httpx.post(f"{gateway.url}/ping", headers=h(owner, doomed))
     assert r.status_code == 410 and "lost" in r.json()["detail"].lower()
     # The interrupted call is in the audit log, as an error.
-    wait_until(lambda: ToolCall.objects.filter(session__sid=doomed, status="error").exists(), 10, "audit row")
+    wait_until(lambda: ToolCall.objects.filter(session__sid=doomed, status="error").exclude(
+        task_id=recorded[0][0]).exists(), 10, "audit row of the interrupted call")
     assert ToolCall.objects.count() >= before + 1
+    assert list(ToolCall.objects.filter(task_id=recorded[0][0]).values_list("task_id", "status", "output")) == recorded
     # The other runner's session is untouched.
     r = httpx.post(f"{gateway.url}/code/call", headers=h(owner, survivor), timeout=30,
                    json={"name": "run", "input": {"code": SLEEPY.format(s=0)}})
