@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from openreward import OpenReward
 from ors.client import ORS
 
 from orsplatform.episodes.models import Session, ToolCall
@@ -65,6 +66,41 @@ def test_an_episode_runs_end_to_end_through_runner_nodes_with_the_official_clien
     wait_until(lambda: Session.objects.get(sid=sid).status == "deleted", 10, "session deleted")
     call = ToolCall.objects.get(session__sid=sid)
     assert call.status == "ok" and call.reward == 1.0 and call.finished
+
+
+def test_an_openreward_episode_runs_through_runner_nodes(cluster, server_factory, owner, monkeypatch):
+    cluster.start_runner()
+    gateway = server_factory(**cluster.env())
+    for name in ("OPENREWARD_SESSION_URL", "OPENREWARD_API_URL"):
+        monkeypatch.setenv(name, gateway.url)
+    monkeypatch.setenv("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+    monkeypatch.delenv("OPENREWARD_API_KEY", raising=False)
+    client = OpenReward(api_key=owner.token)
+    try:
+        env = client.environments.get("builtin/math")
+        task = env.get_task("test", 5)
+        with env.session(task=task) as session:
+            sid = session.sid
+            assert task.task_spec["question"] in session.get_prompt()[0].text
+            out = session.call_tool("submit", {"answer": task.task_spec["answer"]})
+            assert out.reward == 1.0 and out.finished is True
+    finally:
+        client.close()
+    wait_until(lambda: Session.objects.get(sid=sid).status == "deleted", 10, "session deleted")
+    row = Session.objects.get(sid=sid)
+    assert row.calls == 1 and row.total_reward == 1.0 and row.finished
+
+
+def test_a_long_call_on_a_runner_keeps_its_stream_alive_with_pings(cluster, server_factory, owner):
+    cluster.start_runner()
+    gateway = server_factory(**cluster.env(ORS_SSE_PING_SECONDS="0.5"))
+    sid = open_session(gateway.url, owner, env="code", task_spec=code_task_with_sleep(0))
+    r = httpx.post(f"{gateway.url}/code/call", headers=h(owner, sid), timeout=60,
+                   json={"name": "run", "input": {"code": SLEEPY.format(s=3)}})
+    events = parse_sse(r.text)
+    kinds = [e for e, _ in events]
+    assert kinds.count(":") >= 3, kinds  # a ping every 0.5 s while the runner works
+    assert kinds[-1] == "end" and sse_result(r.text)["ok"]
 
 
 def test_two_gateways_serve_one_session_interchangeably(cluster, server_factory, owner):

@@ -58,6 +58,13 @@ PROBE = textwrap.dedent('''
             return ToolOutput(blocks=[TextBlock(text="rested")], reward=1.0)
 
         @tool
+        def doze(self, params: Nap) -> ToolOutput:
+            """Sleeps in its thread (a sync tool)."""
+            import time
+            time.sleep(params.seconds)
+            return ToolOutput(blocks=[TextBlock(text="dozed")], reward=1.0)
+
+        @tool
         def odd_reward(self) -> ToolOutput:
             """A reward JSON has no number for."""
             return ToolOutput(blocks=[TextBlock(text="nan")], reward=float("nan"))
@@ -113,10 +120,11 @@ def test_a_tool_over_its_timeout_answers_a_timeout_and_the_session_stays_usable(
     cluster.start_runner()
     gateway = server_factory(**cluster.env())
     sid = open_session(gateway.url, owner, probe)
-    result = sse_result(call(gateway.url, owner, sid, probe, "nap", {"seconds": 5}).text)
-    assert result["ok"] is False and result["reason"] == "timeout"
-    result = sse_result(call(gateway.url, owner, sid, probe, "nap", {"seconds": 0}).text)
-    assert result["ok"] is True and result["output"]["reward"] == 1.0
+    for tool in ("nap", "doze"):  # async, and sync in the node's thread pool
+        result = sse_result(call(gateway.url, owner, sid, probe, tool, {"seconds": 3}).text)
+        assert result["ok"] is False and result["reason"] == "timeout"
+        result = sse_result(call(gateway.url, owner, sid, probe, "nap", {"seconds": 0}).text)
+        assert result["ok"] is True and result["output"]["reward"] == 1.0
 
 
 def test_results_json_cannot_carry_end_as_on_the_inline_executor_and_the_gateway_keeps_listening(
