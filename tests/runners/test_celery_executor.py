@@ -32,6 +32,22 @@ def h(person, sid: str) -> dict:
     return {**person.headers, "X-Session-ID": sid}
 
 
+def start_long_call(cluster, base: str, person, sid: str) -> tuple[threading.Thread, list]:
+    """A 30 s call on the code environment, in a thread, once its runner has it; the thread fills
+    the list with the stream's events."""
+    events: list = []
+
+    def long_call() -> None:
+        r = httpx.post(f"{base}/code/call", headers=h(person, sid), timeout=60,
+                       json={"name": "run", "input": {"code": SLEEPY.format(s=30)}})
+        events.extend(parse_sse(r.text))
+
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    wait_until(lambda: cluster.redis.zcard(f"{cluster.prefix}:running-calls"), 15, "call started")
+    return caller, events
+
+
 def answered(r: httpx.Response) -> httpx.Response | None:
     """The response once it is no longer a 200 (for wait_until)."""
     return r if r.status_code != 200 else None
@@ -149,16 +165,7 @@ def test_a_killed_runner_ends_its_calls_with_an_error_and_spares_other_runners(c
     assert len(recorded) == 1
     before = ToolCall.objects.count()
 
-    events: list = []
-
-    def long_call() -> None:
-        r = httpx.post(f"{gateway.url}/code/call", headers=h(owner, doomed), timeout=60,
-                       json={"name": "run", "input": {"code": SLEEPY.format(s=30)}})
-        events.extend(parse_sse(r.text))
-
-    caller = threading.Thread(target=long_call)
-    caller.start()
-    wait_until(lambda: list(cluster.redis.scan_iter(match=f"{cluster.prefix}:call:*")), 15, "call started")
+    caller, events = start_long_call(cluster, gateway.url, owner, doomed)
     killed_at = time.monotonic()
     cluster.kill_runner(first)
     caller.join(timeout=30)
@@ -232,16 +239,7 @@ def test_a_runner_restarted_under_its_name_before_its_heartbeat_expires_is_anoth
     gateway = server_factory(**cluster.env())
     old = open_session(gateway.url, owner, env="code", task_spec=code_task_with_sleep(0))
     assert httpx.get(f"{gateway.url}/code/prompt", headers=h(owner, old), timeout=30).status_code == 200
-    events: list = []
-
-    def long_call() -> None:
-        r = httpx.post(f"{gateway.url}/code/call", headers=h(owner, old), timeout=60,
-                       json={"name": "run", "input": {"code": SLEEPY.format(s=30)}})
-        events.extend(parse_sse(r.text))
-
-    caller = threading.Thread(target=long_call)
-    caller.start()
-    wait_until(lambda: cluster.redis.zcard(f"{cluster.prefix}:running-calls"), 15, "call started")
+    caller, events = start_long_call(cluster, gateway.url, owner, old)
     cluster.kill_runner(hostname)
     # Placed while the dead node's heartbeat still stands: its setup waits in the node's queue.
     queued = open_session(gateway.url, owner)
