@@ -34,7 +34,14 @@ from orsplatform.runners.executor import (
     SetupPending,
     UnknownSession,
 )
-from orsplatform.runners.keys import GONE_RECORD, Keys, decode, heartbeat_identity, runner_hostname
+from orsplatform.runners.keys import (
+    GONE_RECORD,
+    Keys,
+    decode,
+    heartbeat_identity,
+    runner_hostname,
+    runner_identity,
+)
 
 log = logging.getLogger(__name__)
 FORGET_BATCH_SECONDS = 0.05
@@ -187,7 +194,8 @@ class CeleryExecutor(Executor):
         for name, value in zip(names, values, strict=True):
             if value:  # the index lags the heartbeat's TTL; the key is the truth
                 beat = json.loads(value)
-                runners.append((heartbeat_identity(name, value), int(beat.get("sessions", 0)), beat.get("team", "")))
+                runners.append((runner_identity(name, beat.get("boot", "")), int(beat.get("sessions", 0)),
+                                beat.get("team", "")))
         self._runner_cache = (time.monotonic(), runners)
         return runners
 
