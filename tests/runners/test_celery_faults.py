@@ -48,6 +48,11 @@ PROBE = textwrap.dedent('''
             if self.task_spec.get("fail_setup"):
                 raise RuntimeError("setup refused")
 
+        def list_task_tools(self):  # a request this node answers far too late
+            import time
+            time.sleep(3)
+            raise RuntimeError("too late anyway")
+
         def get_prompt(self):  # careless too: a prompt that shows the secret
             return [TextBlock(text=f"probe {self.token}".strip())]
 
@@ -166,6 +171,16 @@ def test_a_failed_setup_is_reported_and_frees_its_place_on_the_runner(cluster, s
     beat = wait_until(lambda: cluster.heartbeat(runner).get("at", 0) > after and cluster.heartbeat(runner),
                       10, "a heartbeat written after the failure")
     assert beat["sessions"] == 0, "the runner let the instance go"
+
+
+def test_a_request_its_runner_does_not_answer_in_time_answers_503_and_the_session_stays_usable(
+        cluster, server_factory, owner, probe):
+    cluster.start_runner()
+    gateway = server_factory(**cluster.env(ORS_RUNNER_REPLY_TIMEOUT_SECONDS="1"))
+    sid = open_session(gateway.url, owner, probe)
+    r = httpx.get(f"{gateway.url}/{probe}/task_tools", headers={**owner.headers, "X-Session-ID": sid}, timeout=30)
+    assert r.status_code == 503 and r.headers["Retry-After"] and "did not answer" in r.json()["detail"]
+    assert sse_result(call(gateway.url, owner, sid, probe, "nap", {"seconds": 0}).text)["ok"]
 
 
 def test_a_runner_that_never_answers_ends_the_call_with_an_error_within_the_bound(cluster, server_factory, owner, probe):
