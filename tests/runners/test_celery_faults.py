@@ -47,6 +47,9 @@ PROBE = textwrap.dedent('''
         def setup(self):
             if self.task_spec.get("fail_setup"):
                 raise RuntimeError("setup refused")
+            if self.task_spec.get("slow_setup"):
+                import time
+                time.sleep(self.task_spec["slow_setup"])
 
         def list_task_tools(self):  # a request this node answers far too late
             import time
@@ -181,6 +184,19 @@ def test_a_request_its_runner_does_not_answer_in_time_answers_503_and_the_sessio
     r = httpx.get(f"{gateway.url}/{probe}/task_tools", headers={**owner.headers, "X-Session-ID": sid}, timeout=30)
     assert r.status_code == 503 and r.headers["Retry-After"] and "did not answer" in r.json()["detail"]
     assert sse_result(call(gateway.url, owner, sid, probe, "nap", {"seconds": 0}).text)["ok"]
+
+
+def test_a_runner_lost_during_setup_answers_410_saying_so(cluster, server_factory, owner, probe):
+    runner = cluster.start_runner()
+    gateway = server_factory(**cluster.env(ORS_SETUP_WAIT_SECONDS="30"))
+    sid = httpx.post(f"{gateway.url}/create_session", headers=owner.headers).json()["sid"]
+    r = httpx.post(f"{gateway.url}/{probe}/create", headers={**owner.headers, "X-Session-ID": sid},
+                   json={"task_spec": {"slow_setup": 60}}, timeout=30)
+    assert r.status_code == 200, r.text
+    wait_until(lambda: cluster.heartbeat(runner).get("sessions") == 1, 10, "setup running on the runner")
+    cluster.kill_runner(runner)
+    r = httpx.get(f"{gateway.url}/{probe}/prompt", headers={**owner.headers, "X-Session-ID": sid}, timeout=60)
+    assert r.status_code == 410 and "runner" in r.json()["detail"] and "stopped" in r.json()["detail"]
 
 
 def test_a_runner_that_never_answers_ends_the_call_with_an_error_within_the_bound(cluster, server_factory, owner, probe):
