@@ -160,9 +160,10 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
             # here so /prompt is answered from the session's record instead of a round trip to
             # this node; if get_prompt() fails, /prompt asks the node and reports the error.
             state["prompt"] = await node.executor.prompt(spec.sid)
-            audit = redact(state["prompt"], secret_values(spec.secrets))
-            if audit != state["prompt"]:  # for the audit log of a gateway that never saw the secrets
-                state["prompt_audit"] = audit
+            values = secret_values(spec.secrets)
+            audit = redact(state["prompt"], values) if values else state["prompt"]
+            if audit is not state["prompt"] and audit != state["prompt"]:
+                state["prompt_audit"] = audit  # for the audit log of a gateway that never saw the secrets
         except Exception:
             pass
     except SetupFailed as exc:
