@@ -13,6 +13,7 @@ django_application = get_asgi_application()
 
 from django.conf import settings  # noqa: E402
 
+from orsplatform.gateway.gateway import EpisodeGateway  # noqa: E402
 from orsplatform.ors.app import OrsApp  # noqa: E402
 from orsplatform.teams.models import RESERVED_SEGMENTS  # noqa: E402
 
@@ -39,8 +40,16 @@ def _declared_length(scope) -> int:
     return 0
 
 
+async def _refuse_websocket(receive, send) -> None:
+    # No face speaks WebSocket on this path: refuse the handshake (the server answers 403).
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
+
+
 def build_application(ors_app: OrsApp | None = None):
-    ors = ors_app or OrsApp()
+    # One episode gateway per process, shared by every face.
+    ors = ors_app or OrsApp(gateway=EpisodeGateway())
     # Django spools a whole upload to disk before any view runs: refuse oversized ones up front.
     upload_limit = max(settings.ORS_MAX_PACKAGE_BYTES, settings.ORS_MAX_TASK_FILE_BYTES) + 1024 * 1024
 
@@ -58,9 +67,11 @@ def build_application(ors_app: OrsApp | None = None):
                 await ors(scope, receive, send)
         elif scope["type"] == "lifespan":
             await ors.lifespan(receive, send)
-        # websockets are not part of the platform
+        elif scope["type"] == "websocket":
+            await _refuse_websocket(receive, send)
 
     application.ors = ors  # type: ignore[attr-defined]
+    application.gateway = ors.gateway  # type: ignore[attr-defined]
     return application
 
 

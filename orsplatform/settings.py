@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "orsplatform.episodes",
     "orsplatform.console",
     "orsplatform.analytics",
+    "orsplatform.runners",  # its beat tasks (runners/tasks.py); no models
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -154,11 +155,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE: dict = {
     # The celery executor's housekeeping (no-ops with the inline executor: no runner sessions).
-    "reap-idle-sessions": {"task": "orsplatform.episodes.tasks.reap_idle_sessions",
+    "reap-idle-sessions": {"task": "runners.reap_idle_sessions",
                            "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
-    "fail-lost-runners": {"task": "orsplatform.episodes.tasks.fail_lost_runners",
+    "fail-lost-runners": {"task": "runners.fail_lost_runners",
                           "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
-    "finish-orphaned-calls": {"task": "orsplatform.episodes.tasks.finish_orphaned_calls",
+    "finish-orphaned-calls": {"task": "runners.finish_orphaned_calls",
                               "schedule": env_float("ORS_SWEEP_EVERY_SECONDS", 30.0)},
     # Folds new tool calls into the analytics rollups (bounded batches; a backlog re-queues itself).
     "analytics-rollup": {"task": "analytics.rollup_tool_calls", "schedule": 30.0},

@@ -53,6 +53,7 @@ def export_record(session: Session, calls: list[ToolCall]) -> dict[str, Any]:
         "task_spec": session.task_spec,
         "prompt": session.prompt,
         "status": session.status,
+        "protocol": session.protocol,
         "api_key": session.api_key.prefix if session.api_key_id else None,
         "created_at": session.created_at,
         "ended_at": session.ended_at,
@@ -140,7 +141,7 @@ def parquet_schema():
     return pa.schema([
         ("sid", pa.string()), ("environment", pa.string()), ("version", pa.int32()), ("split", pa.string()),
         ("task_index", pa.int64()), ("task_spec", pa.string()), ("prompt", pa.string()), ("status", pa.string()),
-        ("api_key", pa.string()), ("created_at", ts), ("ended_at", ts), ("total_reward", pa.float64()),
+        ("protocol", pa.string()), ("api_key", pa.string()), ("created_at", ts), ("ended_at", ts), ("total_reward", pa.float64()),
         ("finished", pa.bool_()), ("num_calls", pa.int64()), ("calls", pa.list_(call)),
     ])
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from orsplatform.analytics.services import tool_call_rollup_advance
-
 # The project's app, not shared_task: orsplatform/__init__.py does not load the Celery app, and a
 # shared task bound to Celery's default app would not see CELERY_TASK_ALWAYS_EAGER.
 from orsplatform.celery import app
@@ -15,6 +13,9 @@ from orsplatform.celery import app
 def rollup_tool_calls(max_batches: int = 10, requeue: bool = True) -> int:
     """Fold the audit log into the rollups in bounded batches (beat runs this every 30 s). A big
     backlog (a fresh install, a rebuild) re-queues itself instead of holding a worker for minutes."""
+    # Imported here, not at the top: services enqueue this task, so the import runs one way only.
+    from orsplatform.analytics.services import tool_call_rollup_advance
+
     folded = 0
     for _ in range(max_batches):
         progress = tool_call_rollup_advance()

@@ -1,14 +1,23 @@
-"""API-key authentication for the REST API (the same keys and rules as the ORS surface)."""
+"""API-key authentication for the REST API: DRF's adapters over ``teams.auth`` (the same keys and
+the same access policy as the ORS surface)."""
 
 from __future__ import annotations
 
-from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.exceptions import AuthenticationFailed, NotAuthenticated, PermissionDenied
 from rest_framework.permissions import BasePermission
 
-from orsplatform.teams.auth import ANONYMOUS, AuthError, Caller, authenticate_token_sync, extract_token
+from orsplatform.teams.auth import (
+    ANONYMOUS,
+    Access,
+    AccessDenied,
+    AuthError,
+    Caller,
+    admit,
+    extract_token,
+    identify,
+)
 
 
 class ApiPrincipal:
@@ -34,7 +43,7 @@ class ApiKeyAuthentication(BaseAuthentication):
             token = extract_token(headers)
             if token is None:
                 return None
-            caller = authenticate_token_sync(token)
+            caller = identify(token)
         except AuthError as exc:
             raise AuthenticationFailed(str(exc)) from None
         return ApiPrincipal(caller), caller
@@ -47,30 +56,30 @@ def caller_of(request) -> Caller:
     return request.auth if isinstance(request.auth, Caller) else ANONYMOUS
 
 
+def authorize_request(request, access: Access) -> Caller:
+    """teams.auth's policy for a DRF request, as DRF's exceptions (401 without a key, 403 without
+    the scope)."""
+    try:
+        return admit(request.auth if isinstance(request.auth, Caller) else None, access)
+    except AccessDenied as exc:
+        raise PermissionDenied(str(exc)) from None
+    except AuthError as exc:
+        raise NotAuthenticated(str(exc)) from None
+
+
 class CatalogAccess(BasePermission):
     """Reading the catalog: any key, or anonymous when ORS_ANONYMOUS_CATALOG allows it."""
 
     def has_permission(self, request, view) -> bool:
-        if isinstance(request.auth, Caller) or settings.ORS_ANONYMOUS_CATALOG:
-            return True
-        raise NotAuthenticated("An API key is required (X-API-Key or Authorization: Bearer).")
-
-
-def require_scope(request, scope: str) -> Caller:
-    """The request's key, which must carry `scope` (401 without a key, 403 without the scope)."""
-    caller = request.auth
-    if not isinstance(caller, Caller):
-        raise NotAuthenticated("An API key is required (X-API-Key or Authorization: Bearer).")
-    if not caller.can(scope):
-        raise PermissionDenied(f"This API key lacks the '{scope}' scope.")
-    return caller
+        authorize_request(request, Access.CATALOG)
+        return True
 
 
 class TeamAccess(BasePermission):
     """Team data (sessions, the audit log): a key with the sessions scope."""
 
     def has_permission(self, request, view) -> bool:
-        require_scope(request, "sessions")
+        authorize_request(request, Access.TEAM)
         return True
 
 

@@ -11,13 +11,13 @@ from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotAuthenticated, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from orsplatform.api.auth import CatalogAccess, caller_of, require_scope
+from orsplatform.api.auth import CatalogAccess, authorize_request, caller_of
 from orsplatform.catalog import selectors
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split
@@ -30,7 +30,7 @@ from orsplatform.catalog.services import (
     environment_rollback,
     ingest_job_create,
 )
-from orsplatform.teams.auth import Caller
+from orsplatform.teams.auth import Access, Caller
 from orsplatform.teams.models import Team
 
 # Room for the multipart envelope around the file when the body size is checked before parsing.
@@ -42,9 +42,8 @@ class PublishAccess(BasePermission):
     """Publishing: a key with the publish scope (reads stay open like the rest of the catalog)."""
 
     def has_permission(self, request, view) -> bool:
-        if request.method in ("GET", "HEAD", "OPTIONS"):
-            return CatalogAccess().has_permission(request, view)
-        require_scope(request, "publish")
+        read = request.method in ("GET", "HEAD", "OPTIONS")
+        authorize_request(request, Access.CATALOG if read else Access.PUBLISH)
         return True
 
 
@@ -318,9 +317,7 @@ class IngestJobView(APIView):
     @extend_schema(responses=IngestJobSerializer,
                    parameters=[OpenApiParameter("job_id", int, OpenApiParameter.PATH)])
     def get(self, request, job_id: int):
-        caller = request.auth
-        if not isinstance(caller, Caller):
-            raise NotAuthenticated("An API key is required (X-API-Key or Authorization: Bearer).")
+        caller = authorize_request(request, Access.KEY)
         job = selectors.ingest_job_of_team(team_id=caller.team_id, job_id=job_id)
         if job is None:
             raise Http404("Ingest job not found.")

@@ -31,6 +31,7 @@ class SessionSerializer(serializers.Serializer):
     environment = serializers.CharField(source="environment.full_name")
     version = serializers.IntegerField(source="version.number")
     status = serializers.CharField()
+    protocol = serializers.CharField()
     split = serializers.CharField()
     task_index = serializers.IntegerField(allow_null=True)
     created_at = serializers.DateTimeField()

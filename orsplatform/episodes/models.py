@@ -17,6 +17,13 @@ class Session(models.Model):
         EXPIRED = "expired"
         LOST = "lost"
 
+    class Protocol(models.TextChoices):
+        """The face that opened the episode (every face drives the same gateway)."""
+
+        ORS = "ors"
+        OPENENV = "openenv"
+        AAP = "aap"
+
     sid = models.CharField(max_length=128, unique=True)
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="sessions")
     api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
@@ -35,6 +42,7 @@ class Session(models.Model):
     calls = models.PositiveIntegerField(default=0)
     total_reward = models.FloatField(null=True, blank=True)
     finished = models.BooleanField(default=False)
+    protocol = models.CharField(max_length=16, choices=Protocol.choices, default=Protocol.ORS)
     # The prompt blocks as served on the wire (text and base64 images), recorded on the first
     # /prompt so the session explorer can replay an episode without importing tenant code.
     prompt = models.JSONField(null=True, blank=True)

@@ -25,12 +25,13 @@ def session_fields(row: dict[str, Any], now: datetime) -> dict[str, Any]:
         "task_spec": row["task_spec"], "split": row.get("split", ""), "task_index": row.get("index"),
         "status": Session.Status.CREATING.value, "runner": row.get("runner", ""), "error": "",
         "created_at": now, "last_activity_at": now, "calls": 0, "finished": False,
+        "protocol": row.get("protocol", Session.Protocol.ORS.value),
     }
 
 
 def sessions_create(*, rows: list[dict[str, Any]]) -> list[int]:
     """Insert episode rows in one statement (the gateway group-commits concurrent /create calls).
-    Each row: sid, caller, env, task_spec, split, index, runner."""
+    Each row: sid, caller, env, task_spec, split, index, runner, protocol."""
     now = timezone.now()
     sessions = [Session(**session_fields(r, now)) for r in rows]
     Session.objects.bulk_create(sessions)
@@ -153,6 +154,11 @@ def session_record_prompt(*, pk: int, blocks: list[dict[str, Any]]) -> None:
     task does not change within an episode, so later calls cost a no-op UPDATE, not a rewrite of
     a possibly large image payload."""
     Session.objects.filter(pk=pk, prompt__isnull=True).update(prompt=blocks)
+
+
+def sessions_record_prompt(*, rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        session_record_prompt(pk=row["pk"], blocks=row["blocks"])
 
 
 # --- reaping (the celery executor's beat tasks) ---------------------------------------------------

@@ -2,45 +2,44 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ors
 from django.conf import settings
 
 from orsplatform import __version__
 from orsplatform.catalog.selectors import EnvHandle, SplitInfo
+from orsplatform.gateway.gateway import EpisodeGateway
 from orsplatform.ors.http import HttpError, Request
+from orsplatform.ors.resolve import environment_for
 from orsplatform.ors.wire import optional_int, require_int, require_str
 from orsplatform.teams.auth import Caller
 
-if TYPE_CHECKING:
-    from orsplatform.ors.app import OrsApp
 
-
-async def health(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+async def health(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
     return {"status": "ok"}
 
 
-async def version(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
+async def version(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
     info: dict[str, str | None] = {"platform": __version__, "ors_sdk": ors.__version__, "environment": None}
     sid = req.header(b"x-session-id")
-    live = app.sessions.get(sid.strip()) if sid else None
-    if live is not None and live.team_id == caller.team_id and not live.deleted:
+    live = gw.live(caller, sid.strip()) if sid else None
+    if live is not None:
         info["environment"] = f"{live.env.full_name}@{live.env.version_number}"
     return info
 
 
-async def list_environments(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    return await app.store.environments_visible(caller)
+async def list_environments(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    return await gw.store.environments_visible(caller)
 
 
-async def tools(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    env = await app.environment_for(req, caller, env_ref)
+async def tools(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    env = await environment_for(gw, req, caller, env_ref)
     return {"tools": env.tools}
 
 
-async def splits(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    env = await app.environment_for(req, caller, env_ref)
+async def splits(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    env = await environment_for(gw, req, caller, env_ref)
     return [{"name": name, "type": env.splits[name].type} for name in env.split_order]
 
 
@@ -57,40 +56,40 @@ def _env_name(req: Request, env: EnvHandle, env_ref: str | None) -> str:
     return env_ref or (req.header(b"x-deployment") or "").strip() or env.full_name
 
 
-async def tasks(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    env = await app.environment_for(req, caller, env_ref)
+async def tasks(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    env = await environment_for(gw, req, caller, env_ref)
     split = _split(env, req.json())
     if split.num_tasks > settings.ORS_MAX_LIST_TASKS:
         raise HttpError(400, f"Split has {split.num_tasks} tasks; page through it with task_range.")
-    specs = await app.store.task_specs(split.id, 0, split.num_tasks)
+    specs = await gw.store.task_specs(split.id, 0, split.num_tasks)
     return {"tasks": specs, "env_name": _env_name(req, env, env_ref)}
 
 
-async def num_tasks(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    env = await app.environment_for(req, caller, env_ref)
+async def num_tasks(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    env = await environment_for(gw, req, caller, env_ref)
     return {"num_tasks": _split(env, req.json()).num_tasks}
 
 
-async def task(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    env = await app.environment_for(req, caller, env_ref)
+async def task(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    env = await environment_for(gw, req, caller, env_ref)
     body = req.json()
     split = _split(env, body)
     index = require_int(body, "index")
     if not 0 <= index < split.num_tasks:
         raise HttpError(400, "Invalid index")
-    spec = await app.store.task_spec(split, index)
+    spec = await gw.store.task_spec(split, index)
     if spec is None:
         raise HttpError(400, "Invalid index")
     return {"task": spec, "env_name": _env_name(req, env, env_ref)}
 
 
-async def task_range(app: OrsApp, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    env = await app.environment_for(req, caller, env_ref)
+async def task_range(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    env = await environment_for(gw, req, caller, env_ref)
     body = req.json()
     split = _split(env, body)
     # Python slice semantics, as in the reference server: negatives count from the end, clamp.
     start, stop, _ = slice(optional_int(body, "start"), optional_int(body, "stop")).indices(split.num_tasks)
     if stop - start > settings.ORS_MAX_LIST_TASKS:
         raise HttpError(400, f"Range too large; at most {settings.ORS_MAX_LIST_TASKS} tasks per request.")
-    specs = await app.store.task_specs(split.id, start, stop) if stop > start else []
+    specs = await gw.store.task_specs(split.id, start, stop) if stop > start else []
     return {"tasks": specs, "env_name": _env_name(req, env, env_ref)}

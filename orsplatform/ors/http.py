@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from orsplatform.gateway.errors import GatewayError
+
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -16,12 +18,8 @@ SSE_HEADERS = [
 ]
 
 
-class HttpError(Exception):
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-        self.headers = headers or {}
+class HttpError(GatewayError):
+    """A request the ORS face refuses before it reaches the gateway (bad input, wrong method)."""
 
 
 @dataclass
@@ -93,7 +91,7 @@ async def send_json(send, status: int, payload: Any, headers: dict[str, str] | N
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send, error: HttpError) -> None:
+async def send_error(send, error: GatewayError) -> None:
     await send_json(send, error.status, {"detail": error.detail}, error.headers)
 
 

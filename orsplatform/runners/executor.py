@@ -56,6 +56,10 @@ class RunnerLost(UnknownSession):
     """The runner node holding the session stopped (celery executor)."""
 
 
+class NoRunnerAvailable(Exception):
+    """No live runner node can take a new session (celery executor); worth a retry."""
+
+
 class RunnerUnavailable(Exception):
     """The session's runner did not answer within the bound (celery executor); worth a retry."""
 

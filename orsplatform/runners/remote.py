@@ -27,6 +27,7 @@ from django.conf import settings
 from orsplatform.runners.executor import (
     CallOutcome,
     Executor,
+    NoRunnerAvailable,
     RunnerLost,
     RunnerUnavailable,
     SessionSpec,
@@ -70,10 +71,6 @@ def celery_message(task: str, args: list, queue: str, *, origin: str) -> str:
             "body_encoding": "base64", "delivery_tag": os.urandom(16).hex(),
         },
     }).decode()
-
-
-class NoRunnerAvailable(Exception):
-    """No runner node has a live heartbeat; /create answers 503."""
 
 
 class CeleryExecutor(Executor):

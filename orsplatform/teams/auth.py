@@ -1,8 +1,11 @@
-"""API-key authentication shared by the ORS surface and the REST API.
+"""Who may do what: API-key authentication and the one access policy, shared by every face
+(the ORS app, the REST API, the OpenEnv consumer).
 
 Keys look like ``ors_<prefix>_<secret>``. The prefix is indexed; the secret is compared by hash
 in constant time. Verified keys are cached in-process for a couple of seconds so the hot path
 does not hit the database on every request; ``last_used_at`` is coalesced and flushed in bulk.
+``authorize`` (and ``authorize_async`` for event loops) is the only place that decides whether a
+request without a key, or with a key lacking a scope, may go on.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ from __future__ import annotations
 import hmac
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 
 from django.conf import settings
 from django.utils import timezone
@@ -22,8 +27,39 @@ from orsplatform.teams.services import hash_secret
 TOKEN_RE = re.compile(r"^ors_([0-9a-f]{8})_([0-9a-f]{32})$")
 
 
+KEY_REQUIRED = "An API key is required (X-API-Key or Authorization: Bearer)."
+
+
 class AuthError(Exception):
-    """Raised for a key that is malformed, unknown, revoked or expired (all answer 401)."""
+    """A key that is malformed, unknown, revoked or expired, or none where one is needed (401)."""
+
+    status = 401
+
+
+class AccessDenied(AuthError):
+    """A valid key without the scope the request needs (403)."""
+
+    status = 403
+
+
+class Access(Enum):
+    """What a request needs. OPEN: nothing (health). CATALOG: any key, or none when
+    ORS_ANONYMOUS_CATALOG allows it. SESSIONS: a key with the sessions scope, or none when
+    ORS_ANONYMOUS_SESSIONS allows it. TEAM (a team's own data: its sessions, audit log, analytics):
+    a key with the sessions scope, never anonymous. PUBLISH: a key with the publish scope. KEY: any
+    valid key of the team, never anonymous (its own ingest jobs)."""
+
+    OPEN = "open"
+    KEY = "key"
+    CATALOG = "catalog"
+    SESSIONS = "sessions"
+    TEAM = "team"
+    PUBLISH = "publish"
+
+
+# access -> the scope its key must carry; the setting that lets a request without a key through.
+_SCOPE = {Access.SESSIONS: "sessions", Access.TEAM: "sessions", Access.PUBLISH: "publish"}
+_ANONYMOUS_SETTING = {Access.CATALOG: "ORS_ANONYMOUS_CATALOG", Access.SESSIONS: "ORS_ANONYMOUS_SESSIONS"}
 
 
 @dataclass(frozen=True)
@@ -125,10 +161,50 @@ def verify_token(token: str) -> tuple[Caller, datetime | None]:
     return caller, key.expires_at
 
 
-def authenticate_token_sync(token: str) -> Caller:
+def admit(caller: Caller | None, access: Access) -> Caller:
+    """The access policy: the caller a request runs as (ANONYMOUS without a key), or AuthError /
+    AccessDenied. `caller` is the key's caller, None when no key was sent."""
+    if access is Access.OPEN:
+        return ANONYMOUS
+    if caller is None:
+        setting = _ANONYMOUS_SETTING.get(access)
+        if setting is None or not getattr(settings, setting):
+            raise AuthError(KEY_REQUIRED)
+        return ANONYMOUS
+    scope = _SCOPE.get(access)
+    if scope is not None and not caller.can(scope):
+        raise AccessDenied(f"This API key lacks the '{scope}' scope.")
+    return caller
+
+
+def identify(token: str) -> Caller:
+    """The caller behind a key (the key cache, else the database). Raises AuthError."""
     caller = key_cache.get(token)
     if caller is None:
         caller, expires_at = verify_token(token)
         key_cache.put(token, caller, expires_at)
     key_cache.note_use(caller)
     return caller
+
+
+async def identify_async(token: str, run: Callable[..., Awaitable]) -> Caller:
+    """identify() for an event loop: a cache miss is looked up through `run(fn)` (a DB thread)."""
+    caller = key_cache.get(token)
+    if caller is None:
+        caller, expires_at = await run(verify_token, token)
+        key_cache.put(token, caller, expires_at)
+    key_cache.note_use(caller)
+    return caller
+
+
+def authorize(token: str | None, access: Access) -> Caller:
+    """Who a request runs as, from its key (None: no key sent) and what it needs."""
+    if access is Access.OPEN:
+        return ANONYMOUS
+    return admit(identify(token) if token is not None else None, access)
+
+
+async def authorize_async(token: str | None, access: Access, run: Callable[..., Awaitable]) -> Caller:
+    if access is Access.OPEN:
+        return ANONYMOUS
+    return admit(await identify_async(token, run) if token is not None else None, access)

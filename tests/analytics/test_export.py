@@ -117,3 +117,14 @@ async def test_under_asgi_the_jsonl_export_streams_from_an_async_body(client, ow
         assert response.status_code == 200
         lines = [json.loads(line) async for line in response.aiter_lines() if line]
     assert len(lines) == 13 and lines[0]["sid"] == "acme-puzzle-0"
+
+
+
+def test_each_exported_session_says_which_protocol_opened_it(seeded, owner):
+    from orsplatform.episodes.models import Session
+
+    Session.objects.filter(sid="acme-test-1").update(protocol=Session.Protocol.OPENENV)
+    for fmt, read in (("jsonl", jsonl_rows), ("parquet", parquet_rows)):
+        by_sid = {r["sid"]: r for r in read(login(owner).get(f"/analytics/acme/export.{fmt}"))}
+        assert by_sid["acme-test-1"]["protocol"] == "openenv", fmt
+        assert by_sid["acme-test-0"]["protocol"] == "ors", fmt

@@ -204,7 +204,7 @@ async def test_reconnecting_with_the_task_id_returns_the_same_result_without_a_n
 async def test_reconnecting_to_a_running_call_waits_for_its_result(client, owner, probe, ors_app):
     sid = await start_episode(client, owner.headers, env=probe, task_spec={})
     first = asyncio.ensure_future(call(client, owner, sid, "nap", {"seconds": 0.4}, env=probe))
-    live = ors_app.sessions[sid]
+    live = ors_app.gateway.sessions[sid]
     task_id = await wait_for(lambda: next(iter(live.calls), None), what="the call to start")
     again = await client.post(f"/{probe}/call", headers=sid_headers(owner, sid), json={"task_id": task_id})
     first = await first
@@ -219,8 +219,8 @@ async def test_a_reconnect_after_the_result_left_memory_is_served_from_the_audit
     first = await call(client, owner, sid, "submit", {"answer": task["answer"]})
     task_id = parse_sse(first.text)[0][1]
     settings.ORS_RESULT_LINGER_SECONDS = 0
-    await ors_app.reap_once()
-    assert ors_app.sessions[sid].calls == {}
+    await ors_app.gateway.reap_once()
+    assert ors_app.gateway.sessions[sid].calls == {}
     again = await client.post("/math/call", headers=sid_headers(owner, sid), json={"task_id": task_id})
     assert parse_sse(again.text)[0] == ("task_id", task_id)
     assert sse_result(again.text) == sse_result(first.text)
@@ -231,9 +231,9 @@ async def test_results_linger_for_at_least_60_seconds_by_default(client, owner, 
     assert settings.ORS_RESULT_LINGER_SECONDS >= 60
     sid, task = await math_session(client, owner)
     task_id = parse_sse((await call(client, owner, sid, "submit", {"answer": "1"})).text)[0][1]
-    ors_app.sessions[sid].calls[task_id].finished_at -= 59
-    await ors_app.reap_once()
-    assert task_id in ors_app.sessions[sid].calls
+    ors_app.gateway.sessions[sid].calls[task_id].finished_at -= 59
+    await ors_app.gateway.reap_once()
+    assert task_id in ors_app.gateway.sessions[sid].calls
 
 
 async def test_an_unknown_task_id_answers_an_error_event(client, owner):
@@ -402,14 +402,14 @@ async def test_a_client_that_disconnects_mid_call_does_not_cancel_it(client, own
 async def test_a_session_with_a_running_call_is_not_reaped(client, owner, probe, ors_app, settings):
     sid = await start_episode(client, owner.headers, env=probe, task_spec={})
     running = asyncio.ensure_future(call(client, owner, sid, "nap", {"seconds": 0.8}, env=probe))
-    live = ors_app.sessions[sid]
+    live = ors_app.gateway.sessions[sid]
     await wait_for(lambda: live.calls, what="the call to start")
     settings.ORS_IDLE_TIMEOUT_SECONDS = 0
-    await ors_app.reap_once()
-    assert sid in ors_app.sessions
+    await ors_app.gateway.reap_once()
+    assert sid in ors_app.gateway.sessions
     assert sse_result((await running).text)["ok"] is True
-    await ors_app.reap_once()
-    assert sid not in ors_app.sessions
+    await ors_app.gateway.reap_once()
+    assert sid not in ors_app.gateway.sessions
     r = await client.post("/ping", headers=sid_headers(owner, sid))
     assert r.status_code == 404 and "expired" in r.json()["detail"]
 

@@ -154,7 +154,7 @@ async def test_create_without_a_session_id_answers_400(client, owner, ors_app):
     r = await client.post("/math/create", headers={**owner.headers, "X-Session-ID": "  "},
                           json={"split": "test", "index": 0})
     assert_detail(r, 400)
-    assert ors_app.sessions == {}
+    assert ors_app.gateway.sessions == {}
 
 
 async def test_create_without_env_name_uses_the_default_environment(client, owner):
@@ -280,7 +280,7 @@ async def test_ping_answers_ok_for_an_open_session(client, owner):
 
 async def test_any_request_carrying_the_session_id_counts_as_activity(client, owner, ors_app):
     sid = await start_episode(client, owner.headers)
-    live = ors_app.sessions[sid]
+    live = ors_app.gateway.sessions[sid]
     h = sid_headers(owner, sid)
     for method, path, body in [("POST", "/ping", None), ("GET", "/math/prompt", None),
                                ("GET", "/math/task_tools", None),
@@ -313,7 +313,7 @@ async def test_after_delete_session_endpoints_answer_410(client, owner, ors_app)
     r = await client.post("/math/call", headers=sid_headers(owner, sid), json={"name": "submit", "input": {"answer": "1"}})
     task_id = parse_sse(r.text)[0][1]
     assert (await client.post("/delete", headers=sid_headers(owner, sid))).status_code == 200
-    assert sid not in ors_app.sessions
+    assert sid not in ors_app.gateway.sessions
     h = sid_headers(owner, sid)
     assert_detail(await client.post("/ping", headers=h), 410)
     assert_detail(await client.get("/math/prompt", headers=h), 410)
@@ -374,8 +374,8 @@ async def test_an_idle_session_is_reaped_and_then_answers_404_expired(client, ow
     other = await start_episode(client, owner.headers)
     assert settings.ORS_IDLE_TIMEOUT_SECONDS == 15 * 60  # the documented default
     settings.ORS_IDLE_TIMEOUT_SECONDS = 0
-    await ors_app.reap_once()
-    assert sid not in ors_app.sessions and other not in ors_app.sessions
+    await ors_app.gateway.reap_once()
+    assert sid not in ors_app.gateway.sessions and other not in ors_app.gateway.sessions
     r = await client.post("/ping", headers=sid_headers(owner, sid))
     assert "expired" in assert_detail(r, 404).lower()
     r = await client.get("/math/prompt", headers=sid_headers(owner, sid))
@@ -391,7 +391,7 @@ async def test_an_idle_session_is_reaped_and_then_answers_404_expired(client, ow
 async def test_an_active_session_is_not_reaped(client, owner, ors_app, settings):
     sid = await start_episode(client, owner.headers)
     settings.ORS_IDLE_TIMEOUT_SECONDS = 60
-    await ors_app.reap_once()
+    await ors_app.gateway.reap_once()
     assert (await client.post("/ping", headers=sid_headers(owner, sid))).status_code == 200
     assert (await arow(sid))["status"] in ("creating", "ready")
 
@@ -531,7 +531,7 @@ async def test_deleting_a_session_while_setup_runs_ends_it_at_once(client, owner
     assert loop.time() - started < 5
     assert_detail(await client.get(f"/{probe}/prompt", headers=h), 410)
     # Once the gateway's background work settles, the row says deleted (not failed).
-    await wait_for(lambda: not ors_app._background, what="background tasks to finish")
+    await wait_for(lambda: not ors_app.gateway._background, what="background tasks to finish")
     row = await arow(sid)
     assert row["status"] == "deleted"
     assert_detail(await client.post("/ping", headers=h), 410)
@@ -540,8 +540,8 @@ async def test_deleting_a_session_while_setup_runs_ends_it_at_once(client, owner
 async def test_the_session_row_is_marked_ready_when_activity_is_flushed(client, owner, ors_app):
     sid = await start_episode(client, owner.headers)
     assert (await client.get("/math/prompt", headers=sid_headers(owner, sid))).status_code == 200
-    await wait_for(lambda: ors_app.sessions[sid].ready_at is not None, what="setup to be noted")
-    await ors_app.flush_activity()
+    await wait_for(lambda: ors_app.gateway.sessions[sid].ready_at is not None, what="setup to be noted")
+    await ors_app.gateway.flush_activity()
     row = await arow(sid)
     assert row["status"] == "ready" and row["ready_at"] is not None
 
@@ -618,6 +618,8 @@ async def test_a_host_name_that_names_no_environment_falls_back_to_the_default(c
     sid = (await client.post("/create_session", headers=owner.headers)).json()["sid"]
     headers = {**owner.headers, "X-Session-ID": sid, "Host": "ors.example.com"}
     assert (await client.post("/create", headers=headers, json={"split": "train", "index": 0})).status_code == 200
+    # Nothing names an environment, not even the session's first request: the default it is.
+    assert (await client.get("/prompt", headers=headers)).status_code == 200
     assert (await client.get("/version", headers=headers)).json()["environment"].startswith("builtin/math@")
 
 
@@ -627,3 +629,8 @@ async def test_addressing_a_session_through_another_environment_is_a_404_not_a_s
     assert r.status_code == 404 and "builtin/math" in r.json()["detail"]
     r = await client.get("/nosuchenv/prompt", headers={**owner.headers, "X-Session-ID": sid})
     assert r.status_code == 200  # a path that names no environment is ignored, as in the reference
+
+
+async def test_a_session_opened_over_ors_records_its_protocol(client, owner):
+    sid = await start_episode(client, owner.headers)
+    assert (await arow(sid))["protocol"] == "ors"

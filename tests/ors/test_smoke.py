@@ -16,3 +16,21 @@ async def test_a_full_episode_runs_in_process(client, owner):
     assert r.json() == {"sid": sid}
     r = await client.post("/ping", headers={**owner.headers, "X-Session-ID": sid})
     assert r.status_code == 410
+
+
+async def test_a_websocket_handshake_on_an_ors_path_is_refused_not_a_500(ors_app):
+    from orsplatform.asgi import build_application
+
+    app = build_application(ors_app)
+    sent: list[dict] = []
+    messages = iter([{"type": "websocket.connect"}])
+
+    async def receive() -> dict:
+        return next(messages)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "websocket", "path": "/math/call", "headers": [], "query_string": b""}
+    await app(scope, receive, send)
+    assert sent == [{"type": "websocket.close", "code": 1008}]

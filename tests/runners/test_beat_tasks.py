@@ -1,4 +1,4 @@
-"""The beat's lost-runner check (orsplatform/episodes/tasks.py), called directly against real
+"""The beat's lost-runner check (orsplatform/runners/tasks.py), called directly against real
 Redis and the test database: a runner is lost when another start of its node beats under its
 name, or when its heartbeat stays missing past ORS_RUNNER_GRACE_SECONDS; a heartbeat missing for
 less (a restarted Redis loses every heartbeat at once) loses nothing."""
@@ -15,8 +15,8 @@ import redis
 from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.episodes import services
 from orsplatform.episodes.models import Session
-from orsplatform.episodes.tasks import fail_lost_runners
 from orsplatform.runners.keys import Keys, runner_identity
+from orsplatform.runners.tasks import fail_lost_runners
 from orsplatform.teams.models import ApiKey
 from tests.fixtures.celery import REDIS_URL, wait_until
 

@@ -297,7 +297,7 @@ def test_a_broker_restart_fails_requests_fast_and_recovers_without_a_restart(liv
         private_redis.stop()
         started = time.monotonic()
         new_sid = httpx.post(f"{gateway.url}/create_session", headers=owner.headers).json()["sid"]
-        r = httpx.post(f"{gateway.url}/create", headers={**owner.headers, "X-Session-ID": new_sid},
+        r = httpx.post(f"{gateway.url}/math/create", headers={**owner.headers, "X-Session-ID": new_sid},
                        json={"split": "train", "index": 1}, timeout=30)
         assert r.status_code == 503 and "Retry-After" in r.headers, r.text
         assert time.monotonic() - started < 10
@@ -306,7 +306,7 @@ def test_a_broker_restart_fails_requests_fast_and_recovers_without_a_restart(liv
         private_redis.start()  # same port, empty: the runner and the gateway reconnect by themselves
 
         def create_works() -> bool:
-            r = httpx.post(f"{gateway.url}/create", headers={**owner.headers, "X-Session-ID": new_sid},
+            r = httpx.post(f"{gateway.url}/math/create", headers={**owner.headers, "X-Session-ID": new_sid},
                            json={"split": "train", "index": 1}, timeout=30)
             return r.status_code == 200
 

@@ -4,7 +4,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from orsplatform.teams.auth import AuthError, authenticate_token_sync, extract_token, key_cache, verify_token
+from orsplatform.teams.auth import AuthError, extract_token, identify, key_cache, verify_token
 from orsplatform.teams.models import ApiKey
 from orsplatform.teams.services import api_key_create, api_key_revoke, hash_secret, team_create, validate_slug
 
@@ -49,13 +49,13 @@ def test_a_revoked_key_is_rejected(team):
 def test_an_expired_key_is_rejected_even_from_the_cache(team):
     new = api_key_create(team=team, name="trainer", expires_at=timezone.now() + timedelta(seconds=30))
     key_cache.clear()
-    authenticate_token_sync(new.token)
+    identify(new.token)
     ApiKey.objects.filter(pk=new.api_key.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     with pytest.raises(AuthError, match="expired"):
         verify_token(new.token)
     key_cache.clear()
     with pytest.raises(AuthError):
-        authenticate_token_sync(new.token)
+        identify(new.token)
 
 
 def test_unknown_scopes_are_refused(team):

@@ -11,5 +11,5 @@ async def test_key_use_is_recorded_in_bulk_not_by_each_request(client, ors_app, 
     for _ in range(5):
         assert (await client.get("/math/tools", headers=owner.headers)).status_code == 200
     assert await last_used(owner) is None  # no write per request
-    await ors_app.flush_activity()  # what the gateway's background pass does every flush interval
+    await ors_app.gateway.flush_activity()  # what the gateway's background pass does every flush interval
     assert await last_used(owner) is not None

@@ -27,21 +27,20 @@ from orsplatform.catalog import selectors as catalog
 from orsplatform.catalog.selectors import EnvHandle, SplitInfo
 from orsplatform.episodes import selectors as episodes
 from orsplatform.episodes import services as episode_services
+from orsplatform.episodes.hot_writes import (
+    SESSION_CREATE,
+    SESSION_END,
+    SESSION_RECORD_PROMPT,
+    TOOL_CALL_RECORD,
+    HotWrite,
+)
 from orsplatform.episodes.selectors import SessionRow
 from orsplatform.episodes.services import SessionTotals
-from orsplatform.teams import auth
-from orsplatform.teams.auth import Caller
+from orsplatform.gateway.errors import StoreUnavailable, Unstorable
+from orsplatform.teams.auth import Caller, key_cache
 from orsplatform.teams.services import api_keys_touch
 
 T = TypeVar("T")
-
-
-class StoreUnavailable(Exception):
-    """The database could not be reached; requests answer 503."""
-
-
-class Unstorable(Exception):
-    """The database refused a value the client sent (a NUL character, say); requests answer 400."""
 
 
 def _guarded(fn: Callable[..., T], kwargs: dict) -> T:
@@ -60,34 +59,31 @@ def _guarded(fn: Callable[..., T], kwargs: dict) -> T:
         raise StoreUnavailable(str(exc)) from exc
 
 
-# Writes that have a many-rows form: a batch runs each as one statement.
-# single function -> (many function, whether it returns one value per row)
-BULK: dict[Callable[..., Any], tuple[Callable[..., Any], bool]] = {
-    episode_services.session_create: (episode_services.sessions_create, True),
-    episode_services.tool_call_record: (episode_services.tool_calls_record, False),
-    episode_services.session_end: (episode_services.sessions_end, False),
-}
+Op = HotWrite | Callable[..., Any]
 
 
-def _run_grouped(ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, Any]]:
+def _run_one(op: Op, kwargs: dict) -> Any:
+    return op.single(**kwargs) if isinstance(op, HotWrite) else op(**kwargs)
+
+
+def _run_grouped(ops: list[tuple[Op, dict]]) -> list[tuple[bool, Any]]:
     # Ops in one batch are independent (a request awaits its write before the next depends on
     # it), so grouping them by kind does not reorder anything that matters.
     results: list[tuple[bool, Any] | None] = [None] * len(ops)
-    groups: dict[Callable[..., Any], list[int]] = {}
-    for i, (fn, kwargs) in enumerate(ops):
-        if fn in BULK:
-            groups.setdefault(fn, []).append(i)
+    groups: dict[HotWrite, list[int]] = {}
+    for i, (op, kwargs) in enumerate(ops):
+        if isinstance(op, HotWrite):
+            groups.setdefault(op, []).append(i)
         else:
-            results[i] = (True, fn(**kwargs))
-    for fn, indexes in groups.items():
-        many, per_row = BULK[fn]
-        value = many(rows=[ops[i][1] for i in indexes])
+            results[i] = (True, op(**kwargs))
+    for write, indexes in groups.items():
+        value = write.many(rows=[ops[i][1] for i in indexes])
         for n, i in enumerate(indexes):
-            results[i] = (True, value[n] if per_row else None)
+            results[i] = (True, value[n] if write.per_row else None)
     return results  # type: ignore[return-value]
 
 
-def _run_batch(ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, Any]]:
+def _run_batch(ops: list[tuple[Op, dict]]) -> list[tuple[bool, Any]]:
     """Run queued writes in one transaction; if any fails, redo them one by one so a single bad
     write (a duplicate sid) fails alone."""
     try:
@@ -96,10 +92,10 @@ def _run_batch(ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, A
     except DatabaseError:
         pass
     results: list[tuple[bool, Any]] = []
-    for fn, kwargs in ops:
+    for op, kwargs in ops:
         try:
             with transaction.atomic():
-                results.append((True, fn(**kwargs)))
+                results.append((True, _run_one(op, kwargs)))
         except IntegrityError as exc:
             results.append((False, exc))
         except DataError as exc:
@@ -125,23 +121,23 @@ class WriteBatcher:
         # so a batch fills and commits while the previous one waits for its WAL flush.
         self._pg_writers = pg_writers or []
         self._flushers = len(self._pg_writers) or flushers
-        self._queue: list[tuple[Callable[..., Any], dict, asyncio.Future]] = []
+        self._queue: list[tuple[Op, dict, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
 
-    async def submit(self, fn: Callable[..., T], **kwargs: Any) -> T:
+    async def submit(self, op: Op, **kwargs: Any) -> Any:
         if not self._tasks or all(t.done() for t in self._tasks):
             self._wakeup = asyncio.Event()
             self._tasks = [asyncio.create_task(self._flush_forever(n)) for n in range(self._flushers)]
         future = asyncio.get_running_loop().create_future()
-        self._queue.append((fn, kwargs, future))
+        self._queue.append((op, kwargs, future))
         self._wakeup.set()
         return await future
 
-    async def _run(self, ops: list[tuple[Callable[..., Any], dict]], pg) -> list[tuple[bool, Any]]:
+    async def _run(self, ops: list[tuple[Op, dict]], pg) -> list[tuple[bool, Any]]:
         if pg is None:
             return await asyncio.get_running_loop().run_in_executor(self._pool, _run_batch, ops)
-        hot = [i for i, (fn, _) in enumerate(ops) if fn in pg.HANDLES]
+        hot = [i for i, (op, _) in enumerate(ops) if isinstance(op, HotWrite)]
         rest = [i for i in range(len(ops)) if i not in set(hot)]
         results: list[tuple[bool, Any] | None] = [None] * len(ops)
         if rest:
@@ -214,7 +210,7 @@ class Store:
         self._tasks: dict[tuple[int, int, int], Any] = {}
         pg_writers = []
         if connections["default"].vendor == "postgresql" and settings.ORS_PG_ASYNC_WRITES:
-            from orsplatform.ors.pg_writer import PgWriter
+            from orsplatform.gateway.pg_writer import PgWriter
 
             pg_writers = [PgWriter() for _ in range(2)]
         # Its own connection, so a read never waits behind a batch commit.
@@ -224,14 +220,9 @@ class Store:
     async def _run(self, fn: Callable[..., T], **kwargs: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, _guarded, fn, kwargs)
 
-    # auth
-    async def authenticate(self, token: str) -> Caller:
-        caller = auth.key_cache.get(token)
-        if caller is None:
-            caller, expires_at = await self._run(lambda: auth.verify_token(token))
-            auth.key_cache.put(token, caller, expires_at)
-        auth.key_cache.note_use(caller)
-        return caller
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on a DB thread (for callers outside this module: the key lookup of auth)."""
+        return await self._run(lambda: fn(*args))
 
     # catalog
     async def environment(self, caller: Caller, ref: str) -> EnvHandle | None:
@@ -289,10 +280,10 @@ class Store:
         return await self._run(episodes.session_sid_taken, sid=sid)
 
     async def session_create(self, **kwargs: Any) -> int:
-        return await self.writes.submit(episode_services.session_create, **kwargs)
+        return await self.writes.submit(SESSION_CREATE, **kwargs)
 
     async def session_record_prompt(self, pk: int, blocks: list[dict]) -> None:
-        await self.writes.submit(episode_services.session_record_prompt, pk=pk, blocks=blocks)
+        await self.writes.submit(SESSION_RECORD_PROMPT, pk=pk, blocks=blocks)
 
     async def session_discard(self, pk: int) -> None:
         await self.writes.submit(episode_services.session_discard, pk=pk)
@@ -302,11 +293,11 @@ class Store:
 
     async def session_end(self, pk: int, status: str, last_activity_at: datetime | None = None,
                           totals: SessionTotals | None = None, ready_at: datetime | None = None) -> None:
-        await self.writes.submit(episode_services.session_end, pk=pk, status=status,
+        await self.writes.submit(SESSION_END, pk=pk, status=status,
                                  last_activity_at=last_activity_at, totals=totals, ready_at=ready_at)
 
     async def tool_call_record(self, **kwargs: Any) -> None:
-        await self.writes.submit(episode_services.tool_call_record, **kwargs)
+        await self.writes.submit(TOOL_CALL_RECORD, **kwargs)
 
     async def tool_call_result(self, session_pk: int, task_id: str) -> tuple[str, dict | None, str] | None:
         return await self._run(episodes.tool_call_result_get, session_pk=session_pk, task_id=task_id)
@@ -314,7 +305,7 @@ class Store:
     async def flush_activity(self, activity: dict[int, tuple[datetime, datetime | None]]) -> None:
         if activity:
             await self.writes.submit(episode_services.sessions_touch, activity=activity)
-        last_used = auth.key_cache.drain_last_used()
+        last_used = key_cache.drain_last_used()
         if last_used:
             await self.writes.submit(api_keys_touch, last_used=last_used)
 

@@ -13,7 +13,7 @@ import time
 
 from django.conf import settings
 
-from orsplatform.ors.http import HttpError
+from orsplatform.gateway.errors import GatewayError
 from orsplatform.runners.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,8 @@ return 1
 """
 
 
-def over_capacity(what: str, limit: int, retry_after: int) -> HttpError:
-    return HttpError(429, CAPACITY_DETAIL.format(what=what, limit=limit), {"Retry-After": str(retry_after)})
+def over_capacity(what: str, limit: int, retry_after: int) -> GatewayError:
+    return GatewayError(429, CAPACITY_DETAIL.format(what=what, limit=limit), {"Retry-After": str(retry_after)})
 
 
 class Limits:

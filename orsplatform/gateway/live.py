@@ -7,10 +7,13 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
+
+import orjson
 
 from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.services import SessionTotals
-from orsplatform.ors.http import HttpError
+from orsplatform.gateway.errors import GatewayError
 from orsplatform.runners.executor import RunnerLost, UnknownSession
 
 
@@ -22,6 +25,12 @@ class CallEntry:
     exception: str | None = None  # set instead when the environment's code raised
     finished_at: float | None = None
     task: asyncio.Task | None = None
+
+    def outcome(self) -> tuple[dict | None, str | None]:
+        """(the wire result, None) or (None, the error) of a finished call."""
+        if self.exception is not None:
+            return None, self.exception
+        return (orjson.loads(self.result_json) if self.result_json else None), None
 
 
 @dataclass
@@ -49,6 +58,7 @@ class LiveSession:
     total_reward: float | None = None
     # The session's secret values, only to strip them from the audit log's copy of each call.
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    protocol: str = "ors"
 
     def count_call(self, result: dict | None) -> None:
         self.call_count += 1
@@ -82,8 +92,24 @@ class PendingSid:
     created: float = field(default_factory=time.monotonic)
 
 
-def instance_gone(exc: UnknownSession) -> HttpError:
+@dataclass
+class DeferredEpisode:
+    """A /create that named no environment: the episode is created on the environment the
+    session's first environment-scoped request names (see EpisodeGateway.session)."""
+
+    team_id: int | None
+    task_spec: Any
+    split: str | None
+    index: int | None
+    protocol: str
+    holds_slot: bool
+    runner: str
+    secrets: dict[str, str] = field(repr=False, default_factory=dict)
+    created: float = field(default_factory=time.monotonic)
+
+
+def instance_gone(exc: UnknownSession) -> GatewayError:
     """The answer when the executor no longer holds a session the gateway still knew."""
     if isinstance(exc, RunnerLost):
-        return HttpError(410, "Session lost: the runner that held it stopped.")
-    return HttpError(410, "Session was deleted.")
+        return GatewayError(410, "Session lost: the runner that held it stopped.")
+    return GatewayError(410, "Session was deleted.")

@@ -12,11 +12,13 @@ import time
 from datetime import timedelta
 
 import redis
-from celery import shared_task
 from celery.utils.nodenames import worker_direct
 from django.conf import settings
 from django.utils import timezone
 
+# The project's app, not shared_task (one way to declare a task everywhere): orsplatform/__init__.py
+# does not load the Celery app, and a shared task would not see CELERY_TASK_ALWAYS_EAGER.
+from orsplatform.celery import app
 from orsplatform.episodes import services
 from orsplatform.runners.keys import GONE_RECORD, Keys, heartbeat_identity, runner_hostname
 
@@ -50,7 +52,7 @@ def _forget(client: redis.Redis, keys: Keys, ended: list[tuple[str, int]]) -> No
     pipe.execute()
 
 
-@shared_task(name="orsplatform.episodes.tasks.reap_idle_sessions")
+@app.task(name="runners.reap_idle_sessions")
 def reap_idle_sessions() -> int:
     from orsplatform.celery import app
 
@@ -67,7 +69,7 @@ def reap_idle_sessions() -> int:
     return len(expired)
 
 
-@shared_task(name="orsplatform.episodes.tasks.fail_lost_runners")
+@app.task(name="runners.fail_lost_runners")
 def fail_lost_runners() -> int:
     client, keys = _redis(), _keys()
     marked = 0
@@ -94,7 +96,7 @@ def fail_lost_runners() -> int:
     return marked
 
 
-@shared_task(name="orsplatform.episodes.tasks.finish_orphaned_calls")
+@app.task(name="runners.finish_orphaned_calls")
 def finish_orphaned_calls() -> int:
     """Record calls whose gateway went away before writing their audit row. A gateway keeps a
     marker in Redis while a call runs and removes it once the row is written; a marker older than

@@ -1,4 +1,4 @@
-"""The gateway's PostgreSQL writer (orsplatform/ors/pg_writer.py): a batch of hot writes commits
+"""The gateway's PostgreSQL writer (orsplatform/gateway/pg_writer.py): a batch of hot writes commits
 together in one pipelined transaction, and a row the database refuses fails alone.
 
 It runs against a PostgreSQL server whatever the suite's database is (tests/fixtures/server_database.py).
@@ -15,10 +15,10 @@ import pytest
 from django.db import IntegrityError
 
 from orsplatform.catalog.models import EnvironmentVersion
-from orsplatform.episodes import services
+from orsplatform.episodes import hot_writes
 from orsplatform.episodes.models import Session, ToolCall
-from orsplatform.ors.pg_writer import PgWriter
-from orsplatform.ors.store import Unstorable
+from orsplatform.gateway.errors import Unstorable
+from orsplatform.gateway.pg_writer import PgWriter
 from orsplatform.teams.models import ApiKey
 
 
@@ -34,7 +34,7 @@ def run(writer: PgWriter, ops: list) -> list:
 
 @pytest.fixture
 def new_session(live_db, server_database, owner):
-    """Keyword arguments of ``services.session_create`` for a fresh episode of the owner's team."""
+    """Keyword arguments of ``hot_writes.SESSION_CREATE`` for a fresh episode of the owner's team."""
     version = EnvironmentVersion.objects.using(server_database.alias).select_related("environment").first()
     key = ApiKey.objects.using(server_database.alias).get(team_id=owner.team.pk)
     caller = SimpleNamespace(team_id=owner.team.pk, api_key_id=key.pk)
@@ -58,14 +58,14 @@ def call_row(session_pk: int, name: str = "submit") -> dict:
 
 def test_a_mixed_batch_of_hot_writes_commits_in_one_transaction(server_database, new_session):
     alias = server_database.alias
-    existing = run(PgWriter(alias), [(services.session_create, new_session())])[0][1]
+    existing = run(PgWriter(alias), [(hot_writes.SESSION_CREATE, new_session())])[0][1]
 
     results = run(PgWriter(alias), [
-        (services.session_create, new_session()),
-        (services.tool_call_record, call_row(existing)),
-        (services.session_record_prompt, {"pk": existing, "blocks": [{"type": "text", "text": "1+1?"}]}),
-        (services.session_create, new_session()),
-        (services.session_end, {"pk": existing, "status": Session.Status.DELETED, "totals": None,
+        (hot_writes.SESSION_CREATE, new_session()),
+        (hot_writes.TOOL_CALL_RECORD, call_row(existing)),
+        (hot_writes.SESSION_RECORD_PROMPT, {"pk": existing, "blocks": [{"type": "text", "text": "1+1?"}]}),
+        (hot_writes.SESSION_CREATE, new_session()),
+        (hot_writes.SESSION_END, {"pk": existing, "status": Session.Status.DELETED, "totals": None,
                                 "last_activity_at": None, "ready_at": None}),
     ])
 
@@ -82,16 +82,16 @@ def test_a_mixed_batch_of_hot_writes_commits_in_one_transaction(server_database,
 def test_a_row_the_database_refuses_fails_alone_and_the_rest_of_its_batch_is_written(
         server_database, new_session):
     alias = server_database.alias
-    pk = run(PgWriter(alias), [(services.session_create, new_session())])[0][1]
+    pk = run(PgWriter(alias), [(hot_writes.SESSION_CREATE, new_session())])[0][1]
     duplicate = new_session()
-    run(PgWriter(alias), [(services.session_create, duplicate)])
+    run(PgWriter(alias), [(hot_writes.SESSION_CREATE, duplicate)])
 
     good, nul, again = call_row(pk), call_row(pk, name="sub\x00mit"), new_session()
     results = run(PgWriter(alias), [
-        (services.tool_call_record, good),
-        (services.tool_call_record, nul),  # PostgreSQL's text refuses NUL
-        (services.session_create, duplicate),  # the same sid again: a unique violation
-        (services.session_create, again),
+        (hot_writes.TOOL_CALL_RECORD, good),
+        (hot_writes.TOOL_CALL_RECORD, nul),  # PostgreSQL's text refuses NUL
+        (hot_writes.SESSION_CREATE, duplicate),  # the same sid again: a unique violation
+        (hot_writes.SESSION_CREATE, again),
     ])
 
     assert results[0] == (True, None)

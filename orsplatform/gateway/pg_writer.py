@@ -4,14 +4,14 @@ On PostgreSQL a write is a network round trip or three; run on a worker thread, 
 has to win the GIL back from a busy event loop, and that hand-off, not the database, was most of
 the latency of /create, /call and /delete (see bench/README.md). Here one psycopg AsyncConnection
 runs a batch of episode inserts, audit-row upserts and episode ends in one transaction, awaiting
-the database without a thread. The columns come from the same functions the ORM path uses
-(``episodes.services``); everything else still goes through the ORM on the DB threads.
+the database without a thread. The statements come from the hot-write registry
+(``episodes/hot_writes.py``), beside the ORM forms; everything else goes through the ORM on the DB
+threads.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -19,16 +19,11 @@ import psycopg
 from django.db import IntegrityError, connections
 from psycopg.types.json import Jsonb
 
-from orsplatform.episodes import services
+from orsplatform.episodes.hot_writes import EXECUTEMANY, RETURNING, HotWrite
+from orsplatform.gateway.errors import StoreUnavailable, Unstorable
 
 log = logging.getLogger(__name__)
 
-SESSION_COLUMNS = ["sid", "team_id", "api_key_id", "environment_id", "version_id", "task_spec", "split",
-                   "task_index", "status", "runner", "error", "created_at", "last_activity_at", "calls",
-                   "finished"]
-CALL_COLUMNS = ["session_id", "task_id", "name", "input", "output", "status", "reward", "finished", "error",
-                "started_at", "finished_at"]
-JSON_COLUMNS = {"task_spec", "input", "output"}
 # Keys of DATABASES OPTIONS that Django's backend consumes itself; the rest are libpq parameters.
 DJANGO_ONLY_OPTIONS = {"assume_role", "isolation_level", "pool", "server_side_binding"}
 
@@ -37,22 +32,11 @@ def _dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _values(fields: dict[str, Any], columns: list[str]) -> list[Any]:
-    return [Jsonb(fields[c], dumps=_dumps) if c in JSON_COLUMNS and fields[c] is not None else fields[c]
-            for c in columns]
-
-
-def _insert_sql(table: str, columns: list[str], rows: int, suffix: str = "") -> str:
-    row = "(" + ", ".join(["%s"] * len(columns)) + ")"
-    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([row] * rows)}{suffix}"
+def _jsonb(value: Any) -> Jsonb:
+    return Jsonb(value, dumps=_dumps)
 
 
 class PgWriter:
-    # single write function -> the async bulk form below
-    HANDLES: tuple[Callable[..., Any], ...] = (
-        services.session_create, services.tool_call_record, services.session_end,
-        services.session_record_prompt)
-
     def __init__(self, alias: str = "default") -> None:
         self._alias = alias
         self._conn: psycopg.AsyncConnection | None = None
@@ -70,10 +54,8 @@ class PgWriter:
                 host=s.get("HOST") or None, port=s.get("PORT") or None, **options, autocommit=True)
         return self._conn
 
-    async def run(self, ops: list[tuple[Callable[..., Any], dict]]) -> list[tuple[bool, Any]]:
+    async def run(self, ops: list[tuple[HotWrite, dict]]) -> list[tuple[bool, Any]]:
         """Results in the WriteBatcher's form: (True, value) or (False, exception), per op."""
-        from orsplatform.ors.store import StoreUnavailable, Unstorable
-
         try:
             conn = await self._connection()
             # Pipeline mode: BEGIN, the statements and COMMIT leave in one write and their results
@@ -99,45 +81,27 @@ class PgWriter:
                 results.append((False, StoreUnavailable(str(exc))))
         return results
 
-    async def _grouped(self, conn: psycopg.AsyncConnection, ops: list[tuple[Callable[..., Any], dict]]
+    async def _grouped(self, conn: psycopg.AsyncConnection, ops: list[tuple[HotWrite, dict]]
                        ) -> list[tuple[bool, Any]]:
         results: list[tuple[bool, Any] | None] = [None] * len(ops)
-        groups: dict[Callable[..., Any], list[int]] = {}
-        for i, (fn, _) in enumerate(ops):
-            groups.setdefault(fn, []).append(i)
+        groups: dict[HotWrite, list[int]] = {}
+        for i, (write, _) in enumerate(ops):
+            groups.setdefault(write, []).append(i)
         async with conn.cursor() as cursor:
-            for fn, indexes in groups.items():
-                rows = [ops[i][1] for i in indexes]
-                if fn is services.session_create:
-                    now = services.timezone.now()
-                    params = [v for r in rows for v in _values(services.session_fields(r, now), SESSION_COLUMNS)]
-                    await cursor.execute(_insert_sql("episodes_session", SESSION_COLUMNS, len(rows),
-                                                     " RETURNING id"), params)
-                    ids = [r[0] for r in await cursor.fetchall()]
-                    for n, i in enumerate(indexes):
-                        results[i] = (True, ids[n])
-                    continue
-                if fn is services.tool_call_record:
-                    params = [v for r in rows for v in _values(services.tool_call_fields(r), CALL_COLUMNS)]
-                    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in services.TOOL_CALL_RESULT_FIELDS)
-                    await cursor.execute(_insert_sql("episodes_toolcall", CALL_COLUMNS, len(rows),
-                                                     f" ON CONFLICT (task_id) DO UPDATE SET {updates}"), params)
-                elif fn is services.session_record_prompt:
-                    # Off the request's path, but on a DB thread its ORM work held the GIL while
-                    # the loop served the episode's next request (the call): here it is one statement.
-                    await cursor.executemany(services.PROMPT_SQL,
-                                             [(Jsonb(r["blocks"], dumps=_dumps), r["pk"]) for r in rows])
-                else:  # session_end
-                    await cursor.executemany(services.END_SQL, services.session_end_params(rows))
-                for i in indexes:
-                    results[i] = (True, None)
+            for write, indexes in groups.items():
+                form = write.sql([ops[i][1] for i in indexes], _jsonb)
+                if form.mode == EXECUTEMANY:
+                    await cursor.executemany(form.sql, form.params)
+                else:
+                    await cursor.execute(form.sql, form.params)
+                values = [r[0] for r in await cursor.fetchall()] if form.mode == RETURNING else None
+                for n, i in enumerate(indexes):
+                    results[i] = (True, values[n] if values is not None else None)
         return results  # type: ignore[return-value]
 
     async def fetch_value(self, sql: str, params: tuple) -> Any:
         """The first column of the first row (None without one), read on the event loop; a lost
         connection is reopened by the next read."""
-        from orsplatform.ors.store import StoreUnavailable
-
         try:
             conn = await self._connection()
             async with conn.cursor() as cursor:

@@ -1,0 +1,96 @@
+"""The hot path's writes, each declared once in its three forms.
+
+A gateway group-commits concurrent writes: a batch runs each kind of hot write as one statement
+(the ORM's many-rows form on SQLite and on the DB threads, or raw SQL through psycopg async on
+PostgreSQL, see ``gateway/pg_writer.py``), and a batch that fails is redone row by row (the single
+form), so one bad row fails alone. The SQL forms take their columns from the models, so a field
+added to ``Session`` or ``ToolCall`` reaches both paths at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import models
+from django.utils import timezone
+
+from orsplatform.episodes import services
+from orsplatform.episodes.models import Session, ToolCall
+
+# How the SQL form runs: one INSERT of many rows RETURNING ids, one INSERT of many rows, or one
+# statement per row through executemany.
+RETURNING, INSERT, EXECUTEMANY = "returning", "insert", "executemany"
+
+
+@dataclass(frozen=True)
+class SqlForm:
+    sql: str
+    params: list  # flat list (INSERT forms) or one tuple per row (EXECUTEMANY)
+    mode: str
+
+
+@dataclass(frozen=True)
+class HotWrite:
+    name: str
+    # The ORM's many-rows form: many(rows=[kwargs, ...]); returns a list (one value per row) when
+    # per_row, else None.
+    many: Callable[..., Any]
+    per_row: bool
+    # The raw-SQL form of a batch of rows (PostgreSQL); JSON values are wrapped by `json`.
+    sql: Callable[[list[dict[str, Any]], Callable[[Any], Any]], SqlForm]
+
+    def single(self, **row: Any) -> Any:
+        value = self.many(rows=[row])
+        return value[0] if self.per_row else None
+
+
+def _columns(model: type[models.Model], fields: dict[str, Any]) -> list[tuple[str, bool]]:
+    """(column, is_json) for each field name (or attname) of `fields`, from the model."""
+    out = []
+    for name in fields:
+        field = model._meta.get_field(name)
+        out.append((field.column, isinstance(field, models.JSONField)))
+    return out
+
+
+def _insert(model: type[models.Model], rows: list[dict[str, Any]], json: Callable[[Any], Any],
+            suffix: str) -> tuple[str, list]:
+    columns = _columns(model, rows[0])
+    params = [json(v) if is_json and v is not None else v
+              for r in rows for (_, is_json), v in zip(columns, r.values(), strict=True)]
+    row = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    sql = (f"INSERT INTO {model._meta.db_table} ({', '.join(c for c, _ in columns)}) "
+           f"VALUES {', '.join([row] * len(rows))}{suffix}")
+    return sql, params
+
+
+def _session_create_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:
+    now = timezone.now()
+    sql, params = _insert(Session, [services.session_fields(r, now) for r in rows], json, " RETURNING id")
+    return SqlForm(sql, params, RETURNING)
+
+
+def _tool_call_record_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:
+    updates = ", ".join(f"{ToolCall._meta.get_field(f).column} = EXCLUDED.{ToolCall._meta.get_field(f).column}"
+                        for f in services.TOOL_CALL_RESULT_FIELDS)
+    task_id = ToolCall._meta.get_field("task_id").column
+    sql, params = _insert(ToolCall, [services.tool_call_fields(r) for r in rows], json,
+                          f" ON CONFLICT ({task_id}) DO UPDATE SET {updates}")
+    return SqlForm(sql, params, INSERT)
+
+
+def _session_end_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:
+    return SqlForm(services.END_SQL, services.session_end_params(rows), EXECUTEMANY)
+
+
+def _session_record_prompt_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:
+    return SqlForm(services.PROMPT_SQL, [(json(r["blocks"]), r["pk"]) for r in rows], EXECUTEMANY)
+
+
+SESSION_CREATE = HotWrite("session_create", services.sessions_create, True, _session_create_sql)
+TOOL_CALL_RECORD = HotWrite("tool_call_record", services.tool_calls_record, False, _tool_call_record_sql)
+SESSION_END = HotWrite("session_end", services.sessions_end, False, _session_end_sql)
+SESSION_RECORD_PROMPT = HotWrite("session_record_prompt", services.sessions_record_prompt, False,
+                                 _session_record_prompt_sql)

@@ -1,0 +1,136 @@
+"""Running a tool call, whatever face asked for it.
+
+A call runs as its own task, not inside the request that started it: a client that disconnects
+mid-call does not cancel it, its audit row is still written, and a reconnect with the same task_id
+gets its result. The result is recorded in the audit log before any client can see it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import orjson
+from django.utils import timezone
+
+from orsplatform.episodes.models import ToolCall
+from orsplatform.gateway.errors import storable
+from orsplatform.gateway.live import CallEntry, LiveSession
+from orsplatform.gateway.store import Store
+from orsplatform.runners.executor import CallOutcome, Executor, UnknownSession
+from orsplatform.runners.redact import redact
+
+log = logging.getLogger("orsplatform.gateway")
+
+Spawn = Callable[[Coroutine], Any]
+
+
+class CallRunner:
+    def __init__(self, *, executor: Executor, store: Store, spawn: Spawn) -> None:
+        self.executor = executor
+        self.store = store
+        self.spawn = spawn
+
+    def start(self, live: LiveSession, name: str, tool_input: dict) -> CallEntry:
+        entry = CallEntry(task_id=uuid.uuid4().hex)
+        live.calls[entry.task_id] = entry
+        entry.task = self.spawn(self._run(live, entry, name, tool_input))
+        return entry
+
+    async def _run(self, live: LiveSession, entry: CallEntry, name: str, tool_input: dict) -> None:
+        # Whatever happens below, the waiting stream must end: `done` is set in the finally.
+        recorded = False
+        try:
+            started_at = timezone.now()
+            audit_input = storable(redact(tool_input, live.secrets))
+            # Shared executors keep the running call findable by other gateways (reconnects) and by
+            # the sweeper that records it should this gateway die; the audit row is written once, below.
+            note = {"sid": live.sid, "session_pk": live.pk, "name": name, "input": audit_input,
+                    "started_at": started_at.isoformat()}
+            outcome, encoded = await self._execute(live, name, tool_input, entry.task_id, note)
+            live.count_call(outcome.result)
+            # The audit log's copy: secrets stripped (by the executor that holds them, or here);
+            # NUL characters (which PostgreSQL cannot store) replaced only when the encoded result
+            # shows one, so an ordinary call is not walked.
+            audit_result = outcome.audit if outcome.audit is not None else redact(outcome.result, live.secrets)
+            if encoded is not None and b"\\u0000" in encoded:
+                audit_result = storable(audit_result)
+            try:
+                await self.store.tool_call_record(
+                    session_pk=live.pk, task_id=entry.task_id, name=storable(name),
+                    input=audit_input if outcome.audit_input is None else storable(outcome.audit_input),
+                    result=audit_result, exception=storable(outcome.exception), started_at=started_at,
+                    finished_at=timezone.now(),
+                )
+                recorded = True
+            except Exception:
+                log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
+            entry.result_json = encoded.decode() if encoded is not None else None
+            entry.exception = outcome.exception
+        except Exception as exc:
+            log.exception("tool call %s of session %s failed in the platform", entry.task_id, live.sid)
+            entry.exception = f"The platform could not complete the call ({type(exc).__name__})."
+        finally:
+            entry.finished_at = time.monotonic()
+            live.touch()
+            entry.done.set()
+        if recorded:
+            # After the stream is woken: the client does not wait for this clean-up.
+            try:
+                await self.executor.forget_call(entry.task_id)
+            except Exception as exc:  # the marker expires on its own; the sweeper finds the row written
+                log.warning("could not drop the marker of call %s: %s", entry.task_id, exc)
+
+    async def _execute(self, live: LiveSession, name: str, tool_input: dict, task_id: str,
+                       note: dict) -> tuple[CallOutcome, bytes | None]:
+        """The call's outcome and its result encoded once for the wire (None without a result)."""
+        try:
+            outcome = await self.executor.call(live.sid, name, tool_input, live.env.tool_timeout, task_id, note)
+        except UnknownSession:
+            return CallOutcome(exception="Session was deleted during the call."), None
+        if outcome.result is None:
+            return outcome, None
+        try:
+            return outcome, orjson.dumps(outcome.result)
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            # e.g. a lone surrogate in a text block: the result cannot go on the wire or in the log.
+            return CallOutcome(exception=f"The tool's result is not valid JSON: {exc}"), None
+
+    async def entry_from_audit(self, live: LiveSession, task_id: str) -> CallEntry | None:
+        """A call this gateway no longer (or never) held in memory: from the audit log, or still
+        running on another gateway's runner (shared executors)."""
+        row = await self.store.tool_call_result(live.pk, task_id)
+        if row is None:
+            running = await self.executor.call_record(task_id)
+            if running is None or running.get("sid") != live.sid:
+                return None
+            # Still running, started on another gateway: wait for the runner's result like it does.
+            entry = CallEntry(task_id=task_id)
+            entry.task = self.spawn(self._follow(live, entry))
+            return entry
+        status, result, error = row
+        entry = CallEntry(task_id=task_id)
+        if status == ToolCall.Status.RUNNING:
+            entry.exception = "The call was interrupted."
+        elif result is not None:
+            entry.result_json = orjson.dumps(result).decode()
+        else:
+            entry.exception = error or "The call failed."
+        entry.done.set()
+        return entry
+
+    async def _follow(self, live: LiveSession, entry: CallEntry) -> None:
+        try:
+            outcome = await self.executor.wait_result(entry.task_id, live.runner, live.env.tool_timeout)
+            if outcome.result is None:
+                entry.exception = outcome.exception
+            else:
+                entry.result_json, entry.exception = orjson.dumps(outcome.result).decode(), outcome.exception
+        except Exception as exc:
+            entry.exception = f"The platform could not follow the call ({type(exc).__name__})."
+        finally:
+            entry.finished_at = time.monotonic()
+            entry.done.set()
