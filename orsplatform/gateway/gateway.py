@@ -135,7 +135,7 @@ class EpisodeGateway:
         returns at once. Raises GatewayError (400 bad task, 429 at capacity, 503 no runner)."""
         if split is not None:
             task_spec = await self.task_spec(env, split, index)
-        if sid in self.sessions:
+        if sid in self.sessions or (sid in self.deferred and slot_taken is None):
             raise GatewayError(400, "Session already exists")
         secrets = self._pending_secrets(caller, sid, secrets or {})
         runner = runner or await self._place(caller)
@@ -233,7 +233,10 @@ class EpisodeGateway:
         session on another environment than it now addresses), not silently ignored."""
         deferred = self.deferred.get(sid)
         if deferred is not None and deferred.team_id == caller.team_id:
-            return await self._bind(caller, sid, deferred, named)
+            # Concurrent first requests share one binding (the episode is created once).
+            if deferred.binding is None or deferred.binding.done():
+                deferred.binding = asyncio.ensure_future(self._bind(caller, sid, deferred, named))
+            return await asyncio.shield(deferred.binding)
         live = await self._live_session(caller, sid)
         if named and ENV_REF_RE.match(named):
             env = await self.store.environment(caller, named)

@@ -106,6 +106,7 @@ class DeferredEpisode:
     runner: str
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
     created: float = field(default_factory=time.monotonic)
+    binding: asyncio.Future | None = None
 
 
 def instance_gone(exc: UnknownSession) -> GatewayError:

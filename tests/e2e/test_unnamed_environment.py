@@ -4,6 +4,7 @@ included, and nothing may be recorded against the default environment."""
 
 from __future__ import annotations
 
+import httpx
 from ors.client import ORS
 
 from orsplatform.episodes.models import Session
@@ -38,14 +39,18 @@ def test_a_task_object_session_runs_on_the_teams_own_environment_with_no_stray_s
     assert rows[0].task_spec == {"id": "train-4", "question": "probe question train 4"}
 
 
-def test_a_session_whose_requests_name_no_environment_either_runs_on_the_default(server, owner):
-    import httpx
-
+def _unbound_session(http, owner) -> dict:
+    """A session whose /create names no environment (as ors.client's split+index sessions do)."""
     h = {"X-API-Key": owner.token}
+    h["X-Session-ID"] = http.post("/create_session", headers=h).json()["sid"]
+    assert http.post("/create", headers=h, json={"split": "test", "index": 0}).status_code == 200
+    return h
+
+
+def test_a_session_whose_requests_name_no_environment_either_runs_on_the_default(server, owner):
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        sid = http.post("/create_session", headers=h).json()["sid"]
-        h["X-Session-ID"] = sid
-        assert http.post("/create", headers=h, json={"split": "test", "index": 0}).status_code == 200
+        h = _unbound_session(http, owner)
+        sid = h["X-Session-ID"]
         assert http.post("/ping", headers=h).json() == {"status": "ok"}
         assert not Session.objects.filter(sid=sid).exists()  # nothing recorded before it is bound
         assert http.get("/prompt", headers=h).status_code == 200
@@ -55,13 +60,8 @@ def test_a_session_whose_requests_name_no_environment_either_runs_on_the_default
 
 
 def test_an_unbound_session_that_is_deleted_leaves_nothing_behind(server, owner):
-    import httpx
-
-    h = {"X-API-Key": owner.token}
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        sid = http.post("/create_session", headers=h).json()["sid"]
-        h["X-Session-ID"] = sid
-        assert http.post("/create", headers=h, json={"split": "test", "index": 0}).status_code == 200
-        assert http.post("/delete", headers=h).json() == {"sid": sid}
+        h = _unbound_session(http, owner)
+        assert http.post("/delete", headers=h).json() == {"sid": h["X-Session-ID"]}
         assert http.get("/math/prompt", headers=h).status_code == 404
     assert not Session.objects.exists()

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from tests.fixtures.ors import parse_sse, sse_result, start_episode
-from tests.ors.support import acalls, all_rows_dump, arow, in_db, sid_headers, wait_for
+from tests.ors.support import acalls, acount, all_rows_dump, arow, in_db, sid_headers, wait_for
 
 
 def assert_detail(r, status: int) -> str:
@@ -634,3 +634,31 @@ async def test_addressing_a_session_through_another_environment_is_a_404_not_a_s
 async def test_a_session_opened_over_ors_records_its_protocol(client, owner):
     sid = await start_episode(client, owner.headers)
     assert (await arow(sid))["protocol"] == "ors"
+
+
+async def test_a_create_naming_no_environment_binds_on_the_first_request_that_names_one(client, owner, ors_app):
+    sid = (await client.post("/create_session", headers=owner.headers)).json()["sid"]
+    headers = {**owner.headers, "X-Session-ID": sid}
+    assert (await client.post("/create", headers=headers, json={"split": "test", "index": 3})).status_code == 200
+    assert await arow(sid) is None  # nothing recorded, nothing started: no environment is known yet
+    assert (await client.post("/ping", headers=headers)).json() == {"status": "ok"}
+    # Concurrent first requests bind it once.
+    first, second = await asyncio.gather(client.get("/wordle/prompt", headers=headers),
+                                         client.get("/wordle/task_tools", headers=headers))
+    assert first.status_code == 200 and second.status_code == 200, (first.text, second.text)
+    row = await arow(sid)
+    assert row["task_index"] == 3 and row["environment_id"] == ors_app.gateway.sessions[sid].env.environment_id
+    assert ors_app.gateway.sessions[sid].env.full_name == "builtin/wordle"
+    assert (await client.get("/math/prompt", headers=headers)).status_code == 404  # bound now
+    assert await acount() == 1
+
+
+async def test_a_deferred_session_with_a_split_its_environment_lacks_answers_400_on_binding(client, owner):
+    sid = (await client.post("/create_session", headers=owner.headers)).json()["sid"]
+    headers = {**owner.headers, "X-Session-ID": sid}
+    assert (await client.post("/create", headers=headers, json={"split": "nosuch", "index": 0})).status_code == 200
+    r = await client.get("/math/prompt", headers=headers)
+    assert r.status_code == 400 and r.json() == {"detail": "Invalid split"}
+    assert await arow(sid) is None
+    assert (await client.post("/delete", headers=headers)).status_code == 200
+    assert (await client.get("/math/prompt", headers=headers)).status_code == 404
