@@ -177,24 +177,28 @@ def admit(caller: Caller | None, access: Access) -> Caller:
     return caller
 
 
-def identify(token: str) -> Caller:
-    """The caller behind a key (the key cache, else the database). Raises AuthError."""
+def _cached(token: str) -> Caller | None:
     caller = key_cache.get(token)
-    if caller is None:
-        caller, expires_at = verify_token(token)
-        key_cache.put(token, caller, expires_at)
+    if caller is not None:
+        key_cache.note_use(caller)
+    return caller
+
+
+def _remember(token: str, verified: tuple[Caller, datetime | None]) -> Caller:
+    caller, expires_at = verified
+    key_cache.put(token, caller, expires_at)
     key_cache.note_use(caller)
     return caller
+
+
+def identify(token: str) -> Caller:
+    """The caller behind a key (the key cache, else the database). Raises AuthError."""
+    return _cached(token) or _remember(token, verify_token(token))
 
 
 async def identify_async(token: str, run: Callable[..., Awaitable]) -> Caller:
-    """identify() for an event loop: a cache miss is looked up through `run(fn)` (a DB thread)."""
-    caller = key_cache.get(token)
-    if caller is None:
-        caller, expires_at = await run(verify_token, token)
-        key_cache.put(token, caller, expires_at)
-    key_cache.note_use(caller)
-    return caller
+    """identify() for an event loop: a cache miss is looked up through `run(fn, token)` (a DB thread)."""
+    return _cached(token) or _remember(token, await run(verify_token, token))
 
 
 def authorize(token: str | None, access: Access) -> Caller:
