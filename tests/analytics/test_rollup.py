@@ -85,7 +85,7 @@ def test_the_periodic_task_folds_a_backlog_in_bounded_batches_and_requeues(owner
         calls.append(1)
         return original(batch_size=10, **kwargs)
 
-    monkeypatch.setattr("orsplatform.analytics.tasks.tool_call_rollup_advance", counting)
+    monkeypatch.setattr(services, "tool_call_rollup_advance", counting)  # the task imports it when it runs
     # Eager in tests: each run does at most 3 batches, then re-queues itself until caught up.
     rollup_tool_calls.delay(max_batches=3)
     assert rolled_calls() == 104 and len(calls) >= 11
