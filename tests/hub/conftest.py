@@ -16,6 +16,7 @@ from django.utils import timezone
 from orsplatform.catalog.models import Environment
 from orsplatform.catalog.services import environment_publish
 from orsplatform.episodes.models import Session
+from tests.analytics.test_browser import browser  # noqa: F401 (the Chromium fixture, shared)
 from tests.catalog.support import echo_env
 
 HOSTILE_README = textwrap.dedent("""
