@@ -28,7 +28,7 @@ from django.utils import timezone
 from orsplatform.analytics import latency
 from orsplatform.analytics.filters import SessionFilters, Window, environment_q, outcome_of, sort_order
 from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
-from orsplatform.catalog.models import Environment, EnvironmentVersion, Task
+from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
 from orsplatform.catalog.selectors import task_text
 from orsplatform.episodes.models import Session, ToolCall
 from orsplatform.teams.models import ApiKey, Team
@@ -418,11 +418,16 @@ def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: 
     replaced since keeps its old sessions' specs)."""
     if not rows:
         return
-    wanted = Q()
-    for r in rows:
-        wanted |= Q(split__name=r["split"], index=r["task_index"])
-    specs = {(name, index): spec for name, index, spec in Task.objects.filter(wanted, split__environment=environment)
-             .values_list("split__name", "index", "spec")}
+    # Per split an index list, so each lookup is a probe of the (split, index) unique index; an OR of
+    # (name, index) pairs across a join makes PostgreSQL scan the split's million tasks.
+    split_ids = dict(Split.objects.filter(environment=environment, name__in={r["split"] for r in rows})
+                     .values_list("name", "id"))
+    wanted = Q(pk__in=[])
+    for name, split_id in split_ids.items():
+        wanted |= Q(split_id=split_id, index__in=[r["task_index"] for r in rows if r["split"] == name])
+    names = {split_id: name for name, split_id in split_ids.items()}
+    specs = {(names[split_id], index): spec for split_id, index, spec in Task.objects.filter(wanted)
+             .values_list("split_id", "index", "spec")}
     for r in rows:
         spec = specs.get((r["split"], r["task_index"]))
         if spec is None:
