@@ -48,7 +48,7 @@ def wait_for(driver, by, value, seconds: float = 15):
 def printed(hub, server_factory):
     """A server, and what `make run` prints for it (its dev_key step); the newcomer has been added to
     team acme, whose environments and sessions the hub fixture made."""
-    server = server_factory(ORS_DEV_LOGIN="1")
+    server = server_factory(ORS_DEV_LOGIN="1", ORS_LIVE_REFRESH_SECONDS="1")
     out = io.StringIO()
     call_command("dev_key", base_url=server.url, stdout=out)
     membership_add(team=hub.private.team, username="dev", role=Membership.Role.MEMBER)
@@ -135,3 +135,24 @@ def test_chart_points_show_their_value_on_hover(printed, browser):
     WebDriverWait(browser, 10).until(lambda d: tip.is_displayed() and "Mean reward" in tip.text)
     assert "minute" in browser.find_element(By.CSS_SELECTOR, 'figure[data-chart="mean-reward"] .axis-label').text
     screenshot(browser, "10-chart-tooltip")
+
+
+def test_a_page_with_a_run_in_progress_updates_its_figures_without_a_reload(printed, browser, hub):
+    from django.utils import timezone
+
+    from orsplatform.episodes.models import Session
+
+    server, output = printed
+    running = Session.objects.filter(environment=hub.private).first()
+    Session.objects.filter(pk=running.pk).update(status="ready", ended_at=None, total_reward=None)
+    browser.get(re.search(r"one-time link: (\S+)", output).group(1))
+    wait_for(browser, By.ID, "signed-in-as")
+    browser.get(server.url + "/analytics/acme/?range=24h")
+    assert wait_for(browser, By.ID, "tile-open").text == "1"
+    assert browser.find_element(By.ID, "live").get_attribute("data-live") == "true"
+    browser.execute_script("window.notReloaded = true")
+    Session.objects.filter(pk=running.pk).update(status="deleted", ended_at=timezone.now(), total_reward=1.0)
+    WebDriverWait(browser, 15).until(lambda d: d.find_element(By.ID, "tile-open").text == "0")
+    assert browser.find_element(By.ID, "live").get_attribute("data-live") == "false"
+    assert browser.execute_script("return window.notReloaded") is True  # swapped in place, no reload
+    screenshot(browser, "11-live-refresh")
