@@ -108,13 +108,28 @@ def _key(moment: datetime | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class Span:
+    """What a report draws (start, end, granularity: fitted to the sessions) and what it counts
+    (count_start, count_end: the window, from its first session on, up to now). Tool calls are
+    counted over the latter: they go on after the last session of a window started."""
+
     start: datetime
     end: datetime
     granularity: str
+    count_start: datetime
+    count_end: datetime
 
     @property
     def periods(self) -> list[datetime]:
         return periods(self.start, self.end, self.granularity)
+
+    def rollup_periods(self, granularity: str) -> list[datetime]:
+        """Periods of a series read from rollups (hourly calls, daily latency): from the span's start to
+        the end of the counted range, at least MIN_POINTS of them where the window allows."""
+        step = step_of(granularity)
+        last = floor_to(self.count_end, granularity)
+        start = min(floor_to(self.start, granularity), last - step * (MIN_POINTS - 1))
+        start = max(start, floor_to(self.count_start, granularity))
+        return periods(start, self.count_end, granularity)
 
     def as_dict(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "granularity": self.granularity}
@@ -135,9 +150,11 @@ def resolve_span(*, team: Team, window: Window) -> Span:
         sessions = sessions.filter(created_at__gte=window.start)
     bounds = sessions.aggregate(first=Min("created_at"), last=Max("created_at"))
     first, last = _key(bounds["first"]), _key(bounds["last"])
-    if first is None:  # no sessions in the window
-        start = window.start if window.start is not None and window.start < end else end - timedelta(days=1)
-        return Span(start=start, end=end, granularity=granularity_for(start, end))
+    if first is None:  # no sessions in the window: a day, or the window when it is shorter
+        start = window.start if window.start is not None and end - timedelta(days=1) < window.start < end else (
+            end - timedelta(days=1))
+        return Span(start=start, end=end, granularity=granularity_for(start, end), count_start=start, count_end=end)
+    count_start = window.start if window.start is not None else floor_to(first, "day")
     if Session.objects.filter(team=team, status__in=OPEN).exists():
         last = end  # a run in progress: the axis reaches the present
     gran = granularity_for(first, last)
@@ -148,7 +165,7 @@ def resolve_span(*, team: Team, window: Window) -> Span:
         start -= step * missing
         if window.start is not None and start < floor_to(window.start, gran):
             start = floor_to(window.start, gran)
-    return Span(start=start, end=min(stop, end), granularity=gran)
+    return Span(start=start, end=min(stop, end), granularity=gran, count_start=count_start, count_end=end)
 
 
 def _ratio(part: int | None, whole: int | None) -> float | None:
@@ -175,7 +192,7 @@ def _sessions(team: Team, span: Span) -> QuerySet[Session]:
 
 def _call_rollups(team: Team, span: Span) -> QuerySet[CallRollup]:
     # A rollup hour is counted when it starts inside the window (the window's first partial hour too).
-    return CallRollup.objects.filter(team=team, hour__gte=floor_to(span.start, "hour"), hour__lt=span.end)
+    return CallRollup.objects.filter(team=team, hour__gte=floor_to(span.count_start, "hour"), hour__lt=span.count_end)
 
 
 def _scored_q() -> Q:
@@ -276,7 +293,7 @@ def overview(*, team: Team, window: Window) -> dict[str, Any]:
                    "errors": calls_t[moment].get("errors", 0) if fine else None} for moment in span.periods]
     calls_per_period = [{"t": moment, "tool_calls": calls_t[moment].get("calls", 0),
                          "errors": calls_t[moment].get("errors", 0)}
-                        for moment in periods(span.start, span.end, call_gran)]
+                        for moment in span.rollup_periods(call_gran)]
     totals = {**total.summary(), "open_now": Session.objects.filter(team=team, status__in=OPEN).count()}
 
     top = sorted(by_env.items(), key=lambda kv: (-kv[1].get("n", 0), -kv[1].get("calls", 0), kv[0]))[:TOP_ENVIRONMENTS]
@@ -340,7 +357,8 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
     tools = {r["name"]: r for r in _call_rollups(team, span).filter(target).values("name").annotate(
         calls=Sum("calls"), errors=Sum("errors"), timed=Sum("timed_calls"), latency_sum=Sum("latency_ms_sum")).order_by()}
     lat_gran = "day" if gran in ("minute", "hour") else gran
-    lat = LatencyRollup.objects.filter(team=team, day__gte=floor_to(span.start, "day"), day__lt=span.end).filter(target)
+    lat = LatencyRollup.objects.filter(team=team, day__gte=floor_to(span.count_start, "day"),
+                                       day__lt=span.count_end).filter(target)
     lat_t = lat.values("day") if lat_gran == "day" else lat.annotate(day=_trunc("day", lat_gran)).values("day")
     by_period: dict[datetime, dict[int, int]] = defaultdict(dict)
     for row in lat_t.values("day", "bucket").annotate(n=Sum("count")).order_by():
@@ -351,7 +369,7 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
         by_tool[row["name"]][row["bucket"]] = row["n"]
         overall[row["bucket"]] = overall.get(row["bucket"], 0) + row["n"]
     latency_per_period = []
-    for moment in periods(span.start, span.end, lat_gran):
+    for moment in span.rollup_periods(lat_gran):
         hist = by_period.get(moment, {})
         latency_per_period.append({"t": moment, "calls": sum(hist.values()), **latency.percentiles(hist)})
     tool_rows = []

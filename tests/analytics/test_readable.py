@@ -117,3 +117,20 @@ def test_a_page_with_a_run_in_progress_refreshes_itself(seeded, owner):
     still = client.get("/analytics/acme/?range=all").content.decode()
     assert 'data-live="false"' in still and 'id="live-badge"' not in still
     assert 'src="/static/hub/site.js"' in still
+
+
+def test_a_short_run_draws_a_dozen_points_on_every_time_chart_and_counts_every_call(owner, live_db):
+    from orsplatform.analytics.services import tool_call_rollup_run
+    from tests.analytics.seed import seed
+
+    data = seed(acme=owner.team)
+    # The sessions say they started 50 minutes ago; their calls (seed.py) are hours older: the axis
+    # fits the sessions, the counts still cover the whole window.
+    Session.objects.filter(team=owner.team).update(created_at=data.now - timedelta(minutes=50))
+    Session.objects.filter(status="ready").update(status="deleted", ended_at=data.now)
+    tool_call_rollup_run(settle=0)
+    overview = selectors.overview(team=owner.team, window=parse_window({"range": "24h"}))
+    assert overview["span"]["granularity"] == "minute" and len(overview["per_period"]) >= 12
+    assert len(overview["calls_per_period"]) >= 12 and overview["calls_granularity"] == "hour"
+    assert overview["totals"]["tool_calls"] == 104  # seed.py: 100 puzzle calls, 2 test, 2 of the open session
+    assert sum(p["tool_calls"] for p in overview["calls_per_period"]) == 104
