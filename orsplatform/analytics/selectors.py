@@ -80,9 +80,14 @@ def step_of(granularity: str) -> timedelta:
 _step = step_of
 
 
-def rollup_granularity(granularity: str) -> str:
-    """Tool-call counts come from hourly rollups, so they are never drawn finer than an hour."""
-    return "hour" if granularity == "minute" else granularity
+GRANULARITIES = ("minute", "hour", "day", "week")
+
+
+def rollup_granularity(span: Span, finest: str) -> str:
+    """The granularity of a series read from rollups: fitted to the counted range (which can be far
+    longer than the sessions' span), never finer than the rollup itself (`finest`)."""
+    fitted = granularity_for(span.count_start, span.count_end)
+    return max(fitted, finest, key=GRANULARITIES.index)
 
 
 def periods(start: datetime, end: datetime, granularity: str) -> list[datetime]:
@@ -117,18 +122,20 @@ class Span:
     granularity: str
     count_start: datetime
     count_end: datetime
+    window_start: datetime | None = None
 
     @property
     def periods(self) -> list[datetime]:
         return periods(self.start, self.end, self.granularity)
 
     def rollup_periods(self, granularity: str) -> list[datetime]:
-        """Periods of a series read from rollups (hourly calls, daily latency): from the span's start to
-        the end of the counted range, at least MIN_POINTS of them where the window allows."""
+        """Periods of a series read from rollups (hourly calls, daily latency): the whole counted range,
+        widened to at least MIN_POINTS periods where the window allows."""
         step = step_of(granularity)
         last = floor_to(self.count_end, granularity)
-        start = min(floor_to(self.start, granularity), last - step * (MIN_POINTS - 1))
-        start = max(start, floor_to(self.count_start, granularity))
+        start = min(floor_to(self.count_start, granularity), last - step * (MIN_POINTS - 1))
+        if self.window_start is not None:
+            start = max(start, floor_to(self.window_start, granularity))
         return periods(start, self.count_end, granularity)
 
     def as_dict(self) -> dict[str, Any]:
@@ -153,8 +160,12 @@ def resolve_span(*, team: Team, window: Window) -> Span:
     if first is None:  # no sessions in the window: a day, or the window when it is shorter
         start = window.start if window.start is not None and end - timedelta(days=1) < window.start < end else (
             end - timedelta(days=1))
-        return Span(start=start, end=end, granularity=granularity_for(start, end), count_start=start, count_end=end)
-    count_start = window.start if window.start is not None else floor_to(first, "day")
+        return Span(start=start, end=end, granularity=granularity_for(start, end), count_start=start, count_end=end,
+                    window_start=window.start)
+    # Counted: the window from the day of the team's first session on (a window of 1970–2999 counts,
+    # and draws rollups over, the time that has data, not a thousand years).
+    ever = floor_to(_key(Session.objects.filter(team=team).aggregate(m=Min("created_at"))["m"]), "day")
+    count_start = ever if window.start is None else max(window.start, ever)
     if Session.objects.filter(team=team, status__in=OPEN).exists():
         last = end  # a run in progress: the axis reaches the present
     gran = granularity_for(first, last)
@@ -165,7 +176,8 @@ def resolve_span(*, team: Team, window: Window) -> Span:
         start -= step * missing
         if window.start is not None and start < floor_to(window.start, gran):
             start = floor_to(window.start, gran)
-    return Span(start=start, end=min(stop, end), granularity=gran, count_start=count_start, count_end=end)
+    return Span(start=start, end=min(stop, end), granularity=gran, count_start=count_start, count_end=end,
+                window_start=window.start)
 
 
 def _ratio(part: int | None, whole: int | None) -> float | None:
@@ -274,7 +286,7 @@ def overview(*, team: Team, window: Window) -> dict[str, Any]:
     # bucket, environment and API key; every table and chart is a sum over those groups.
     session_rows = _sessions(team, span).annotate(t=_trunc("created_at", gran)).values(
         "t", "environment_id", "api_key_id").annotate(**_session_aggregates()).order_by()
-    call_gran = rollup_granularity(gran)
+    call_gran = rollup_granularity(span, "hour")
     call_rows = _call_rollups(team, span).annotate(t=_trunc("hour", call_gran)).values(
         "t", "environment_id", "api_key_ref").annotate(calls=Sum("calls"), errors=Sum("errors")).order_by()
 
@@ -356,7 +368,7 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
     # Tool calls: counts from the hourly rollup, latency from the daily bucket counts.
     tools = {r["name"]: r for r in _call_rollups(team, span).filter(target).values("name").annotate(
         calls=Sum("calls"), errors=Sum("errors"), timed=Sum("timed_calls"), latency_sum=Sum("latency_ms_sum")).order_by()}
-    lat_gran = "day" if gran in ("minute", "hour") else gran
+    lat_gran = rollup_granularity(span, "day")
     lat = LatencyRollup.objects.filter(team=team, day__gte=floor_to(span.count_start, "day"),
                                        day__lt=span.count_end).filter(target)
     lat_t = lat.values("day") if lat_gran == "day" else lat.annotate(day=_trunc("day", lat_gran)).values("day")

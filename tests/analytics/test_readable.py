@@ -124,13 +124,23 @@ def test_a_short_run_draws_a_dozen_points_on_every_time_chart_and_counts_every_c
     from tests.analytics.seed import seed
 
     data = seed(acme=owner.team)
-    # The sessions say they started 50 minutes ago; their calls (seed.py) are hours older: the axis
-    # fits the sessions, the counts still cover the whole window.
+    # A run of the last hour: sessions started 50 minutes ago, their calls 45 to 5 minutes ago.
+    from django.db.models import F
+
+    from orsplatform.episodes.models import ToolCall
+
     Session.objects.filter(team=owner.team).update(created_at=data.now - timedelta(minutes=50))
     Session.objects.filter(status="ready").update(status="deleted", ended_at=data.now)
+    calls = list(ToolCall.objects.filter(session__team=owner.team).order_by("id").values_list("id", flat=True))
+    for i, call_id in enumerate(calls):
+        moment = data.now - timedelta(minutes=45) + timedelta(seconds=i * 20)
+        ToolCall.objects.filter(id=call_id).update(started_at=moment, finished_at=moment + (F("finished_at") - F("started_at")))
     tool_call_rollup_run(settle=0)
     overview = selectors.overview(team=owner.team, window=parse_window({"range": "24h"}))
     assert overview["span"]["granularity"] == "minute" and len(overview["per_period"]) >= 12
     assert len(overview["calls_per_period"]) >= 12 and overview["calls_granularity"] == "hour"
     assert overview["totals"]["tool_calls"] == 104  # seed.py: 100 puzzle calls, 2 test, 2 of the open session
+    environment = selectors.environment_report(team=owner.team, environment=data.puzzle, version=None,
+                                               window=parse_window({"range": "24h"}))
+    assert environment["span"]["granularity"] == "minute" and len(environment["per_period"]) >= 12
     assert sum(p["tool_calls"] for p in overview["calls_per_period"]) == 104
