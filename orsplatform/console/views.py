@@ -18,7 +18,6 @@ from orsplatform.teams import selectors
 from orsplatform.teams.models import ApiKey
 from orsplatform.teams.services import api_key_create, api_key_revoke
 
-
 KEYS_PER_PAGE = 25
 
 
