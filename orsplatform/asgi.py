@@ -19,7 +19,7 @@ from orsplatform.teams.models import RESERVED_SEGMENTS  # noqa: E402
 
 # First path segments served by Django (web admin, REST API, static files, later adapters).
 DJANGO_PREFIXES = frozenset({"", "admin", "api", "console", "static", "media", "accounts", "analytics",
-                             "openenv", "aap", "ready"})
+                             "openenv", "aap", "ready", "environments"})
 assert DJANGO_PREFIXES - {""} <= RESERVED_SEGMENTS
 
 

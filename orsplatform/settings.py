@@ -34,6 +34,11 @@ def env_int(name: str, default: int) -> int:
 DEBUG = env_bool("DEBUG", False)
 # The embedded default is for a developer's box; production must set its own.
 SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+# `make run` prints a one-time sign-in link and password for the built-in team's owner. Only on the
+# embedded default: a deployment sets its own SECRET_KEY, which switches this off unless asked for.
+ORS_DEV_LOGIN = env_bool("ORS_DEV_LOGIN", "SECRET_KEY" not in os.environ)
+# Pages with a run in progress refetch their figures this often (seconds).
+ORS_LIVE_REFRESH_SECONDS = env_int("ORS_LIVE_REFRESH_SECONDS", 10)
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
@@ -50,6 +55,7 @@ INSTALLED_APPS = [
     "orsplatform.console",
     "orsplatform.analytics",
     "orsplatform.runners",  # its beat tasks (runners/tasks.py); no models
+    "orsplatform.hub",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -79,6 +85,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "orsplatform.hub.context.site",
             ],
         },
     },

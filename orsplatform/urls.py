@@ -9,6 +9,8 @@ urlpatterns = [
     path("ready", views.ready, name="ready"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/dev-login/<str:uidb64>/<str:token>/", views.dev_login, name="dev_login"),
+    path("environments/", include("orsplatform.hub.urls")),
     path("console/", include("orsplatform.console.urls")),
     path("analytics/", include("orsplatform.analytics.urls")),
     path("api/", include("orsplatform.api.urls")),

@@ -1,18 +1,39 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth import get_user_model, login
+from django.contrib.auth.tokens import default_token_generator
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils.encoding import force_str
+from django.utils.http import urlsafe_base64_decode
+from django.views.decorators.http import require_GET
 
-from orsplatform.catalog.models import Environment
+from orsplatform.hub import selectors as hub
+
+HOME_ENVIRONMENTS = 12
 
 
+@require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    environments = (Environment.objects.select_related("team", "current_version")
-                    .filter(visibility=Environment.Visibility.PUBLIC, current_version__isnull=False)
-                    .order_by("team__slug", "slug"))
-    return render(request, "home.html", {"environments": environments})
+    page = hub.catalog_page(user=request.user, query="", page=1, per_page=HOME_ENVIRONMENTS)
+    return render(request, "home.html", {"page": page, "environments": page.object_list})
+
+
+@require_GET
+def dev_login(request: HttpRequest, uidb64: str, token: str) -> HttpResponse:
+    """The one-time sign-in link `make run` prints (embedded default only; 404 in production)."""
+    if not settings.ORS_DEV_LOGIN:
+        raise Http404("Not available.")
+    try:
+        user = get_user_model().objects.get(pk=int(force_str(urlsafe_base64_decode(uidb64))))
+    except (ValueError, TypeError, OverflowError, get_user_model().DoesNotExist):
+        user = None
+    if user is None or not default_token_generator.check_token(user, token):
+        return render(request, "registration/dev_login_used.html", status=400)
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    return redirect("console:teams")
 
 
 def _database_ok() -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from html import escape
 
 from django.utils.safestring import SafeString, mark_safe
@@ -145,34 +145,62 @@ def histogram(bins: Sequence[dict], *, title: str, x_label: str, y_label: str,
     return mark_safe("".join(parts))
 
 
+STEPS = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1),
+         "week": timedelta(days=7)}
+
+
 def _time_label(moment: datetime, granularity: str, span_days: float) -> str:
+    if granularity == "minute":
+        return moment.strftime("%H:%M")
     if granularity == "hour":
-        return moment.strftime("%d %b %H:%M")
+        return moment.strftime("%H:%M") if span_days < 1 else moment.strftime("%d %b %H:%M")
     if span_days > 370:
         return moment.strftime("%b %Y")
     return moment.strftime("%d %b")
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M")
 
 
 def time_series(times: Sequence[datetime], series: Sequence[tuple[str, Sequence[float | None]]], *, title: str,
                 y_label: str, granularity: str, percent: bool = False, y_min: float | None = 0,
                 y_max: float | None = None, counts: bool = False, note: str = EMPTY_NOTE) -> SafeString:
     """Lines with a point per time bucket; None leaves a gap. Several series get a legend.
-    Counts (counts=True) that are all zero are no data, drawn as an empty chart with the note."""
+    Counts (counts=True) that are all zero are no data, drawn as an empty chart with the note.
+    Each point carries its period (data-start, data-end), so a click can zoom the page to it."""
     if counts and not any(v for _, vs in series for v in vs):
         series = [(name, [None] * len(vs)) for name, vs in series]
     if percent and y_max is None:
         y_max = 100.0
     span_days = (times[-1] - times[0]).total_seconds() / 86400 if len(times) > 1 else 0
+    step = STEPS.get(granularity, timedelta(hours=1))
+    fmt_name = "%Y-%m-%d %H:%M"
     return lines(
         [_time_label(t, granularity, span_days) for t in times],
-        [t.strftime("%Y-%m-%d %H:%M") for t in times], series, title=title,
+        [t.strftime(fmt_name) for t in times], series, title=title,
         x_label=f"Time (UTC, one point per {granularity})", y_label=y_label, percent=percent, y_min=y_min,
-        y_max=y_max, integer=counts, note=note)
+        y_max=y_max, integer=counts, note=note, ranges=[(_iso(t), _iso(t + step)) for t in times])
+
+
+def _label_positions(n: int, most: int = 7) -> list[int]:
+    """Indices to label: evenly spaced, always the first and the last, never two crowding each other."""
+    if n <= most:
+        return list(range(n))
+    every = math.ceil((n - 1) / (most - 1))
+    picks = list(range(0, n, every))
+    if picks[-1] != n - 1:
+        if n - 1 - picks[-1] < every / 2:
+            picks[-1] = n - 1
+        else:
+            picks.append(n - 1)
+    return picks
 
 
 def lines(labels: Sequence[str], point_names: Sequence[str], series: Sequence[tuple[str, Sequence[float | None]]], *,
           title: str, x_label: str, y_label: str, percent: bool = False, y_min: float | None = 0,
-          y_max: float | None = None, integer: bool = False, note: str = EMPTY_NOTE) -> SafeString:
+          y_max: float | None = None, integer: bool = False, note: str = EMPTY_NOTE,
+          ranges: Sequence[tuple[str, str]] | None = None) -> SafeString:
     """Lines over evenly spaced, labelled x positions (time buckets, steps of an episode)."""
     chart_id = f"chart-{next(_ids)}"
     values = [v for _, vs in series for v in vs if v is not None]
@@ -194,10 +222,12 @@ def lines(labels: Sequence[str], point_names: Sequence[str], series: Sequence[tu
     def x(i: int) -> float:
         return LEFT + 4 + (plot_w / 2 if n == 1 else i * plot_w / (n - 1))
 
-    label_every = max(1, math.ceil(n / 7))
-    for i in range(0, n, label_every):
-        parts.append(f'<text class="tick" x="{x(i):.1f}" y="{bottom + 15}" text-anchor="middle" font-size="11" '
-                     f'fill="#667">{_e(labels[i])}</text>')
+    for i in _label_positions(n):
+        # The end labels are anchored inward so they never run past the chart's edges.
+        anchor = "middle" if n == 1 or 0 < i < n - 1 else ("start" if i == 0 else "end")
+        tx = x(i) - (6 if anchor == "start" else 0) + (6 if anchor == "end" else 0)
+        parts.append(f'<text class="tick x-tick" x="{tx:.1f}" y="{bottom + 15}" text-anchor="{anchor}" '
+                     f'font-size="11" fill="#667">{_e(labels[i])}</text>')
     radius = 3.0 if n <= 60 else 2.0
     for s, (name, vs) in enumerate(series):
         color = COLORS[s % len(COLORS)]
@@ -215,8 +245,9 @@ def lines(labels: Sequence[str], point_names: Sequence[str], series: Sequence[tu
             if v is None:
                 continue
             label = f"{point_names[i]} · {name}: {fmt(v)}{'%' if percent else ''}"
+            zoom = f' data-start="{_e(ranges[i][0])}" data-end="{_e(ranges[i][1])}"' if ranges else ""
             parts.append(f'<circle class="mark" cx="{x(i):.1f}" cy="{y(v):.1f}" r="{radius}" fill="{color}" '
-                         f'data-value="{v}"><title>{_e(label)}</title></circle>')
+                         f'data-value="{v}"{zoom}><title>{_e(label)}</title></circle>')
     if len(series) > 1:
         lx = LEFT + 12
         for s, (name, _) in enumerate(series):

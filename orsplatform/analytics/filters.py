@@ -1,4 +1,7 @@
-"""Parse and validate the query parameters of the analytics pages, API and exports.
+"""Parse and validate the query parameters of the analytics pages, API and exports: the one parser
+both the pages (analytics/views.py) and the REST API (api/analytics.py) call, through
+``parse_report_params`` (overview and environment reports) and ``parse_explorer_params`` (the session
+explorer and its exports), so a parameter means the same thing, and fails the same way, on both.
 
 Everything that reaches a selector has been checked here: dates parse and are in order, numbers are
 finite and in range, ids name things the caller's team may see. Problems raise a ValidationError
@@ -14,7 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
 from django.core.exceptions import ValidationError
-from django.db.models import Q
+from django.db.models import F, Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from orsplatform.catalog.models import Environment, EnvironmentVersion
@@ -38,7 +42,42 @@ MAX_PARAM_LENGTH = 200
 # from datetime's year-1 and year-9999 overflow.
 MIN_YEAR, MAX_YEAR = 1970, 2999
 WINDOW_PARAMS = ("range", "start", "end")
-SESSION_PARAMS = ("environment", "version", "api_key", "status", "reward_min", "reward_max")
+SESSION_PARAMS = ("environment", "version", "api_key", "status", "outcome", "split", "task", "q",
+                  "reward_min", "reward_max")
+ENDED_STATUSES = ("deleted", "expired", "lost")
+# How an episode ended (or where it is), from its status and finished flag: an ended episode whose
+# environment said finished is "finished" however the session was closed; a session deleted before
+# that was "abandoned". Shown instead of the raw status, which says "deleted" for both.
+OUTCOMES: dict[str, Q] = {
+    "finished": Q(status__in=ENDED_STATUSES, finished=True),
+    "abandoned": Q(status="deleted", finished=False),
+    "expired": Q(status="expired", finished=False),
+    "lost": Q(status="lost", finished=False),
+    "failed": Q(status="failed"),
+    "running": Q(status="ready"),
+    "starting": Q(status="creating"),
+}
+# The explorer's columns and what each sorts on (ties broken by newest first).
+SORTS: dict[str, tuple] = {
+    "started": ("created_at",),
+    "session": ("sid",),
+    "environment": ("environment__team__slug", "environment__slug", "version__number"),
+    "task": ("split", "task_index"),
+    "api_key": ("api_key__name",),
+    "outcome": ("status", "finished"),
+    "duration": ("duration",),
+    "calls": ("calls",),
+    "reward": ("total_reward",),
+}
+DEFAULT_SORT = "-started"
+
+
+def outcome_of(status: str, finished: bool) -> str:
+    if status in ENDED_STATUSES:
+        if finished:
+            return "finished"
+        return "abandoned" if status == "deleted" else status
+    return {"ready": "running", "creating": "starting"}.get(status, status)
 
 
 @dataclass(frozen=True)
@@ -78,6 +117,10 @@ class SessionFilters:
     version: EnvironmentVersion | None = None
     api_key: ApiKey | None = None
     status: str | None = None
+    outcome: str | None = None
+    split: str | None = None
+    task_index: int | None = None
+    text: str | None = None  # searched in the task spec
     reward_min: float | None = None
     reward_max: float | None = None
     raw: dict[str, str] = field(default_factory=dict)  # the accepted parameters, for links
@@ -98,6 +141,14 @@ class SessionFilters:
             qs = qs.filter(api_key=self.api_key)
         if self.status:
             qs = qs.filter(status=self.status)
+        if self.outcome:
+            qs = qs.filter(OUTCOMES[self.outcome])
+        if self.split is not None:
+            qs = qs.filter(split=self.split)
+        if self.task_index is not None:
+            qs = qs.filter(task_index=self.task_index)
+        if self.text:
+            qs = qs.annotate(task_text=Cast("task_spec", TextField())).filter(task_text__icontains=self.text)
         if self.reward_min is not None:
             qs = qs.filter(total_reward__gte=self.reward_min)
         if self.reward_max is not None:
@@ -235,6 +286,15 @@ def parse_session_filters(params: Mapping[str, str], *, team: Team, now: datetim
     status = raw["status"] or None
     if status and status not in Session.Status.values:
         errors.append(f"Unknown status {status!r}: choose one of {', '.join(Session.Status.values)}.")
+    outcome = raw["outcome"] or None
+    if outcome and outcome not in OUTCOMES:
+        errors.append(f"Unknown outcome {outcome!r}: choose one of {', '.join(OUTCOMES)}.")
+    task_index = None
+    if raw["task"]:
+        if re.fullmatch(r"[0-9]{1,9}", raw["task"]):
+            task_index = int(raw["task"])
+        else:
+            errors.append(f"The task {raw['task']!r} is not a task index (0, 1, …).")
     reward_min = _parse_float(raw["reward_min"], "minimum reward", errors)
     reward_max = _parse_float(raw["reward_max"], "maximum reward", errors)
     if reward_min is not None and reward_max is not None and reward_min > reward_max:
@@ -243,7 +303,8 @@ def parse_session_filters(params: Mapping[str, str], *, team: Team, now: datetim
         raise ValidationError(errors)
     return SessionFilters(
         window=window, environment=environment, version=version, api_key=api_key, status=status,
-        reward_min=reward_min, reward_max=reward_max, raw={k: v for k, v in raw.items() if v},
+        outcome=outcome, split=raw["split"] or None, task_index=task_index,
+        text=raw["q"] or None, reward_min=reward_min, reward_max=reward_max, raw={k: v for k, v in raw.items() if v},
     )
 
 
@@ -255,6 +316,71 @@ def parse_page(params: Mapping[str, str]) -> int:
     if not 1 <= page <= MAX_PAGE:
         raise ValidationError(f"The page must be between 1 and {MAX_PAGE:,}; narrow the filters to see older sessions.")
     return page
+
+
+def parse_sort(params: Mapping[str, str]) -> str:
+    raw = (params.get("sort") or "").strip()[:40] or DEFAULT_SORT
+    if raw.lstrip("-") not in SORTS:
+        raise ValidationError(f"Unknown sort {raw!r}: choose one of {', '.join(SORTS)} (prefix - for descending).")
+    return raw
+
+
+def sort_order(sort: str) -> list:
+    """ORDER BY terms for a sort key; empty values go last either way, and newest first breaks ties."""
+    descending = sort.startswith("-")
+    fields = SORTS[sort.lstrip("-")]
+    terms = [F(f).desc(nulls_last=True) if descending else F(f).asc(nulls_last=True) for f in fields]
+    return [*terms, F("created_at").desc(), F("id").desc()]
+
+
+@dataclass(frozen=True)
+class ExplorerParams:
+    filters: SessionFilters
+    page: int
+    sort: str
+
+
+def parse_explorer_params(params: Mapping[str, str], *, team: Team, now: datetime | None = None) -> ExplorerParams:
+    """The session explorer's (and its exports') parameters, for the page and the REST API alike."""
+    errors: list[str] = []
+
+    def attempt(parse):
+        try:
+            return parse()
+        except ValidationError as exc:
+            errors.extend(exc.messages)
+            return None
+
+    filters = attempt(lambda: parse_session_filters(params, team=team, now=now))
+    page = attempt(lambda: parse_page(params))
+    sort = attempt(lambda: parse_sort(params))
+    if errors:
+        raise ValidationError(errors)
+    return ExplorerParams(filters=filters, page=page, sort=sort)
+
+
+@dataclass(frozen=True)
+class ReportParams:
+    window: Window
+    version: EnvironmentVersion | None = None
+
+
+def parse_report_params(params: Mapping[str, str], *, environment: Environment | None = None,
+                        now: datetime | None = None) -> ReportParams:
+    """A report's time range and, for one environment, its version: the overview and environment
+    pages and their REST API counterparts."""
+    errors: list[str] = []
+    window = None
+    try:
+        window = parse_window(params, now=now)
+    except ValidationError as exc:
+        errors.extend(exc.messages)
+    version = None
+    if environment is not None:
+        version = parse_version((params.get("version") or "").strip()[:20], environment=environment, errors=errors)
+    if errors:
+        raise ValidationError(errors)
+    return ReportParams(window=window, version=version)
 
 
 def environment_q(environment: Environment | None, version: EnvironmentVersion | None) -> Q:

@@ -20,14 +20,16 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
 from django.db.models import Avg, Count, DateTimeField, F, FloatField, Max, Min, Q, QuerySet, Sum, Value
-from django.db.models.functions import Cast, Floor, Trunc
+from django.db.models.functions import Cast, Coalesce, Floor, Trunc
 from django.utils import timezone
 
 from orsplatform.analytics import latency
-from orsplatform.analytics.filters import SessionFilters, Window, environment_q
+from orsplatform.analytics.filters import SessionFilters, Window, environment_q, outcome_of, sort_order
 from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
-from orsplatform.catalog.models import Environment, EnvironmentVersion
+from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
+from orsplatform.catalog.selectors import task_text
 from orsplatform.episodes.models import Session, ToolCall
 from orsplatform.teams.models import ApiKey, Team
 
@@ -49,6 +51,8 @@ def pass_reward() -> float:
 
 def granularity_for(start: datetime, end: datetime) -> str:
     span = end - start
+    if span <= timedelta(hours=3):
+        return "minute"
     if span <= timedelta(days=3):
         return "hour"
     if span <= timedelta(days=400):
@@ -58,6 +62,8 @@ def granularity_for(start: datetime, end: datetime) -> str:
 
 def floor_to(moment: datetime, granularity: str) -> datetime:
     moment = moment.astimezone(UTC)
+    if granularity == "minute":
+        return moment.replace(second=0, microsecond=0)
     if granularity == "hour":
         return moment.replace(minute=0, second=0, microsecond=0)
     day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
@@ -66,8 +72,22 @@ def floor_to(moment: datetime, granularity: str) -> datetime:
     return day
 
 
-def _step(granularity: str) -> timedelta:
-    return {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(days=7)}[granularity]
+def step_of(granularity: str) -> timedelta:
+    return {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1),
+            "week": timedelta(days=7)}[granularity]
+
+
+_step = step_of
+
+
+GRANULARITIES = ("minute", "hour", "day", "week")
+
+
+def rollup_granularity(span: Span, finest: str) -> str:
+    """The granularity of a series read from rollups: fitted to the counted range (which can be far
+    longer than the sessions' span), never finer than the rollup itself (`finest`)."""
+    fitted = granularity_for(span.count_start, span.count_end)
+    return max(fitted, finest, key=GRANULARITIES.index)
 
 
 def periods(start: datetime, end: datetime, granularity: str) -> list[datetime]:
@@ -93,31 +113,71 @@ def _key(moment: datetime | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class Span:
+    """What a report draws (start, end, granularity: fitted to the sessions) and what it counts
+    (count_start, count_end: the window, from its first session on, up to now). Tool calls are
+    counted over the latter: they go on after the last session of a window started."""
+
     start: datetime
     end: datetime
     granularity: str
+    count_start: datetime
+    count_end: datetime
+    window_start: datetime | None = None
 
     @property
     def periods(self) -> list[datetime]:
         return periods(self.start, self.end, self.granularity)
 
+    def rollup_periods(self, granularity: str) -> list[datetime]:
+        """Periods of a series read from rollups (hourly calls, daily latency): the whole counted range,
+        widened to at least MIN_POINTS periods where the window allows."""
+        step = step_of(granularity)
+        last = floor_to(self.count_end, granularity)
+        start = min(floor_to(self.count_start, granularity), last - step * (MIN_POINTS - 1))
+        if self.window_start is not None:
+            start = max(start, floor_to(self.window_start, granularity))
+        return periods(start, self.count_end, granularity)
+
     def as_dict(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "granularity": self.granularity}
 
 
+MIN_POINTS = 12
+
+
 def resolve_span(*, team: Team, window: Window) -> Span:
-    """The part of a window that can hold data: from the team's first session (at the earliest) to
-    now (at the latest). "All time" is then simply the whole history, and a window of 1970–2999
-    draws the months that have sessions instead of a thousand years of empty weeks."""
+    """The part of a window that holds data: from the window's first session to its last (or now,
+    while sessions are open), so the time axis fits the data — minutes when the data spans an hour,
+    weeks when it spans years — and "all time" or a window of 1970–2999 draws only the time that has
+    sessions. A short run is widened to at least MIN_POINTS periods so a chart is never a single dot."""
     now = timezone.now()
     end = min(window.end, now)
-    first = Session.objects.filter(team=team).aggregate(m=Min("created_at"))["m"]
-    start = window.start
-    if first is not None and (start is None or start < first):
-        start = floor_to(first, "day") if start is None else max(start, floor_to(first, "day"))
-    if start is None or start >= end:  # no sessions at all, or a window before the first one
-        start = window.start if window.start is not None and window.start < end else end - timedelta(days=1)
-    return Span(start=start, end=end, granularity=granularity_for(start, end))
+    sessions = Session.objects.filter(team=team, created_at__lt=end)
+    if window.start is not None:
+        sessions = sessions.filter(created_at__gte=window.start)
+    bounds = sessions.aggregate(first=Min("created_at"), last=Max("created_at"))
+    first, last = _key(bounds["first"]), _key(bounds["last"])
+    if first is None:  # no sessions in the window: a day, or the window when it is shorter
+        start = window.start if window.start is not None and end - timedelta(days=1) < window.start < end else (
+            end - timedelta(days=1))
+        return Span(start=start, end=end, granularity=granularity_for(start, end), count_start=start, count_end=end,
+                    window_start=window.start)
+    # Counted: the window from the day of the team's first session on (a window of 1970–2999 counts,
+    # and draws rollups over, the time that has data, not a thousand years).
+    ever = floor_to(_key(Session.objects.filter(team=team).aggregate(m=Min("created_at"))["m"]), "day")
+    count_start = ever if window.start is None else max(window.start, ever)
+    if Session.objects.filter(team=team, status__in=OPEN).exists():
+        last = end  # a run in progress: the axis reaches the present
+    gran = granularity_for(first, last)
+    step = step_of(gran)
+    start, stop = floor_to(first, gran), floor_to(last, gran) + step
+    missing = MIN_POINTS - round((stop - start) / step)
+    if missing > 0:  # widen into the past first (the future has no data), within the window
+        start -= step * missing
+        if window.start is not None and start < floor_to(window.start, gran):
+            start = floor_to(window.start, gran)
+    return Span(start=start, end=min(stop, end), granularity=gran, count_start=count_start, count_end=end,
+                window_start=window.start)
 
 
 def _ratio(part: int | None, whole: int | None) -> float | None:
@@ -144,7 +204,7 @@ def _sessions(team: Team, span: Span) -> QuerySet[Session]:
 
 def _call_rollups(team: Team, span: Span) -> QuerySet[CallRollup]:
     # A rollup hour is counted when it starts inside the window (the window's first partial hour too).
-    return CallRollup.objects.filter(team=team, hour__gte=floor_to(span.start, "hour"), hour__lt=span.end)
+    return CallRollup.objects.filter(team=team, hour__gte=floor_to(span.count_start, "hour"), hour__lt=span.count_end)
 
 
 def _scored_q() -> Q:
@@ -226,19 +286,26 @@ def overview(*, team: Team, window: Window) -> dict[str, Any]:
     # bucket, environment and API key; every table and chart is a sum over those groups.
     session_rows = _sessions(team, span).annotate(t=_trunc("created_at", gran)).values(
         "t", "environment_id", "api_key_id").annotate(**_session_aggregates()).order_by()
-    call_rows = _call_rollups(team, span).annotate(t=_trunc("hour", gran)).values(
+    call_gran = rollup_granularity(span, "hour")
+    call_rows = _call_rollups(team, span).annotate(t=_trunc("hour", call_gran)).values(
         "t", "environment_id", "api_key_ref").annotate(calls=Sum("calls"), errors=Sum("errors")).order_by()
 
     total, by_t, by_env, by_key = _Tally(), defaultdict(_Tally), defaultdict(_Tally), defaultdict(_Tally)
+    calls_t: dict[datetime, _Tally] = defaultdict(_Tally)
     for row in session_rows:
         for tally in (total, by_t[_key(row["t"])], by_env[row["environment_id"]], by_key[row["api_key_id"] or 0]):
             tally.add(row, SESSION_FIELDS)
     for row in call_rows:
-        for tally in (total, by_t[_key(row["t"])], by_env[row["environment_id"]], by_key[row["api_key_ref"]]):
+        for tally in (total, calls_t[_key(row["t"])], by_env[row["environment_id"]], by_key[row["api_key_ref"]]):
             tally.add(row, CALL_FIELDS)
 
-    per_period = [{"t": moment, "sessions": by_t[moment].get("n", 0), "tool_calls": by_t[moment].get("calls", 0),
-                   "errors": by_t[moment].get("errors", 0)} for moment in span.periods]
+    fine = call_gran == gran
+    per_period = [{"t": moment, "sessions": by_t[moment].get("n", 0),
+                   "tool_calls": calls_t[moment].get("calls", 0) if fine else None,
+                   "errors": calls_t[moment].get("errors", 0) if fine else None} for moment in span.periods]
+    calls_per_period = [{"t": moment, "tool_calls": calls_t[moment].get("calls", 0),
+                         "errors": calls_t[moment].get("errors", 0)}
+                        for moment in span.rollup_periods(call_gran)]
     totals = {**total.summary(), "open_now": Session.objects.filter(team=team, status__in=OPEN).count()}
 
     top = sorted(by_env.items(), key=lambda kv: (-kv[1].get("n", 0), -kv[1].get("calls", 0), kv[0]))[:TOP_ENVIRONMENTS]
@@ -259,6 +326,7 @@ def overview(*, team: Team, window: Window) -> dict[str, Any]:
     api_keys.sort(key=lambda k: (-k["tool_calls"], -k["sessions"], k["name"]))
 
     return {"window": window.as_dict(), "span": span.as_dict(), "totals": totals, "per_period": per_period,
+            "calls_granularity": call_gran, "calls_per_period": calls_per_period,
             "top_environments": top_environments, "api_keys": api_keys, "rollup": rollup_status()}
 
 
@@ -300,8 +368,9 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
     # Tool calls: counts from the hourly rollup, latency from the daily bucket counts.
     tools = {r["name"]: r for r in _call_rollups(team, span).filter(target).values("name").annotate(
         calls=Sum("calls"), errors=Sum("errors"), timed=Sum("timed_calls"), latency_sum=Sum("latency_ms_sum")).order_by()}
-    lat_gran = "day" if gran == "hour" else gran
-    lat = LatencyRollup.objects.filter(team=team, day__gte=floor_to(span.start, "day"), day__lt=span.end).filter(target)
+    lat_gran = rollup_granularity(span, "day")
+    lat = LatencyRollup.objects.filter(team=team, day__gte=floor_to(span.count_start, "day"),
+                                       day__lt=span.count_end).filter(target)
     lat_t = lat.values("day") if lat_gran == "day" else lat.annotate(day=_trunc("day", lat_gran)).values("day")
     by_period: dict[datetime, dict[int, int]] = defaultdict(dict)
     for row in lat_t.values("day", "bucket").annotate(n=Sum("count")).order_by():
@@ -312,7 +381,7 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
         by_tool[row["name"]][row["bucket"]] = row["n"]
         overall[row["bucket"]] = overall.get(row["bucket"], 0) + row["n"]
     latency_per_period = []
-    for moment in periods(span.start, span.end, lat_gran):
+    for moment in span.rollup_periods(lat_gran):
         hist = by_period.get(moment, {})
         latency_per_period.append({"t": moment, "calls": sum(hist.values()), **latency.percentiles(hist)})
     tool_rows = []
@@ -342,6 +411,7 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
     hardest = list(tasks.order_by(*order)[:min(TASKS_LISTED, math.ceil(task_count / 2))])
     easiest = list(tasks.order_by(*(o[1:] if o.startswith("-") else "-" + o for o in order))[
         :min(TASKS_LISTED, task_count // 2)])
+    _add_task_text(environment, scored, hardest + easiest)
 
     summary = total.summary()
     return {
@@ -373,10 +443,37 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
     }
 
 
+def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: list[dict[str, Any]]) -> None:
+    """Each listed task's text: from the catalog's task row, else from a session that ran it (a split
+    replaced since keeps its old sessions' specs)."""
+    if not rows:
+        return
+    # Per split an index list, so each lookup is a probe of the (split, index) unique index; an OR of
+    # (name, index) pairs across a join makes PostgreSQL scan the split's million tasks.
+    split_ids = dict(Split.objects.filter(environment=environment, name__in={r["split"] for r in rows})
+                     .values_list("name", "id"))
+    wanted = Q(pk__in=[])
+    for name, split_id in split_ids.items():
+        wanted |= Q(split_id=split_id, index__in=[r["task_index"] for r in rows if r["split"] == name])
+    names = {split_id: name for name, split_id in split_ids.items()}
+    specs = {(names[split_id], index): spec for split_id, index, spec in Task.objects.filter(wanted)
+             .values_list("split_id", "index", "spec")}
+    for r in rows:
+        spec = specs.get((r["split"], r["task_index"]))
+        if spec is None:
+            spec = (sessions.filter(split=r["split"], task_index=r["task_index"])
+                    .values_list("task_spec", flat=True).first())
+        r["task_text"] = task_text(spec) if spec is not None else ""
+
+
 def environment_for_report(*, team: Team, env_team: str, env_slug: str) -> Environment | None:
     from orsplatform.analytics.filters import environment_visible_to
 
     return environment_visible_to(team=team, full_name=f"{env_team}/{env_slug}")
+
+
+def open_sessions_exist(*, team: Team, environment: Environment) -> bool:
+    return Session.objects.filter(team=team, environment=environment, status__in=OPEN).exists()
 
 
 def environments_for_team(*, team: Team) -> list[Environment]:
@@ -405,6 +502,7 @@ def session_row(session: Session, live: dict[str, Any] | None = None) -> dict[st
         "version": session.version.number,
         "api_key": ({"name": session.api_key.name, "prefix": session.api_key.prefix} if session.api_key_id else None),
         "status": session.status,
+        "outcome": outcome_of(session.status, session.finished),
         "split": session.split,
         "task_index": session.task_index,
         "created_at": session.created_at,
@@ -417,16 +515,20 @@ def session_row(session: Session, live: dict[str, Any] | None = None) -> dict[st
     }
 
 
-def sessions_page(*, team: Team, filters: SessionFilters, page: int, per_page: int = PER_PAGE) -> dict[str, Any]:
+def sessions_page(*, team: Team, filters: SessionFilters, page: int, per_page: int = PER_PAGE,
+                  sort: str = "-started") -> dict[str, Any]:
     qs = filters.apply(Session.objects.filter(team=team))
-    total = qs.count()
-    pages = max(1, math.ceil(total / per_page))
+    paginator = Paginator(qs.order_by("-created_at"), per_page)  # counted without the sort's joins
+    total = paginator.count
+    pages = paginator.num_pages
     if page > pages:
         raise ValidationError(f"Page {page:,} is past the last page ({pages:,}) of these {total:,} sessions.")
-    rows = list(qs.select_related("environment__team", "version", "api_key").defer("task_spec", "prompt", "error")
-                .order_by("-created_at", "-id")[(page - 1) * per_page: page * per_page])
+    ordered = (qs.select_related("environment__team", "version", "api_key").defer("task_spec", "prompt", "error")
+               .annotate(duration=Coalesce("ended_at", "last_activity_at") - F("created_at"))
+               .order_by(*sort_order(sort)))
+    rows = list(ordered[(page - 1) * per_page: page * per_page])
     live = _open_totals([s.pk for s in rows if s.status in OPEN])
-    return {"total": total, "page": page, "pages": pages, "per_page": per_page,
+    return {"total": total, "page": page, "pages": pages, "per_page": per_page, "sort": sort,
             "sessions": [session_row(s, live.get(s.pk)) for s in rows]}
 
 

@@ -14,16 +14,16 @@ from django.urls import reverse
 
 from orsplatform.analytics import charts, export, selectors
 from orsplatform.analytics.filters import (
+    OUTCOMES,
     RANGE_LABELS,
     SESSION_PARAMS,
+    SORTS,
     WINDOW_PARAMS,
-    parse_page,
+    parse_explorer_params,
+    parse_report_params,
     parse_session_filters,
-    parse_version,
-    parse_window,
 )
 from orsplatform.analytics.services import rollup_nudge
-from orsplatform.episodes.models import Session
 from orsplatform.teams.models import Team
 from orsplatform.teams.selectors import team_for_user, teams_for_user
 
@@ -73,7 +73,7 @@ def overview(request: HttpRequest, team: str) -> HttpResponse:
     team_obj = _team(request, team)
     context: dict[str, Any] = {"team": team_obj, "tab": "overview"}
     try:
-        window = parse_window(request.GET)
+        window = parse_report_params(request.GET).window
     except ValidationError as exc:
         return _fail(request, "analytics/overview.html", {**context, **_range_context(request, None)}, exc)
     rollup_nudge()
@@ -84,9 +84,12 @@ def overview(request: HttpRequest, team: str) -> HttpResponse:
     for env in data["top_environments"]:
         env_team, _, env_slug = env["environment"].partition("/")
         env["url"] = reverse("analytics:environment", args=[team_obj.slug, env_team, env_slug]) + "?" + query
+        env["page_url"] = reverse("hub:environment", args=[env_team, env_slug])
     context.update(_range_context(request, window))
+    # Per-environment and per-key numbers are tables only: a bar chart beside them would repeat them.
     context.update({
         "data": data,
+        "live": data["totals"]["open_now"] > 0,
         "totals": data["totals"],
         "error_rate_pct": _pct(data["totals"]["error_rate"]),
         "success_rate_pct": _pct(data["totals"]["success_rate"]),
@@ -95,15 +98,11 @@ def overview(request: HttpRequest, team: str) -> HttpResponse:
                 times, [("Sessions", [p["sessions"] for p in data["per_period"]])],
                 title="Sessions started", y_label="Sessions (count)", granularity=gran, counts=True),
             "calls": charts.time_series(
-                times, [("Tool calls", [p["tool_calls"] for p in data["per_period"]]),
-                        ("Errors", [p["errors"] for p in data["per_period"]])],
-                title="Tool calls and errors", y_label="Tool calls (count)", granularity=gran, counts=True),
-            "environments": charts.bars(
-                [(e["environment"], e["sessions"]) for e in data["top_environments"]],
-                title="Sessions per environment", x_label="Sessions (count)"),
-            "keys": charts.bars(
-                [(k["name"], k["tool_calls"]) for k in data["api_keys"] if k["tool_calls"] or k["sessions"]],
-                title="Tool calls per API key", x_label="Tool calls (count)"),
+                [p["t"] for p in data["calls_per_period"]],
+                [("Tool calls", [p["tool_calls"] for p in data["calls_per_period"]]),
+                 ("Errors", [p["errors"] for p in data["calls_per_period"]])],
+                title="Tool calls and errors", y_label="Tool calls (count)", granularity=data["calls_granularity"],
+                counts=True),
         },
     })
     return render(request, "analytics/overview.html", context)
@@ -115,18 +114,16 @@ def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -
     env = selectors.environment_for_report(team=team_obj, env_team=env_team, env_slug=env_slug)
     if env is None:
         raise Http404("No such environment.")
-    context: dict[str, Any] = {"team": team_obj, "tab": "environment", "environment": env}
-    errors: list[str] = []
-    window = None
-    try:
-        window = parse_window(request.GET)
-    except ValidationError as exc:
-        errors.extend(exc.messages)
-    version = parse_version((request.GET.get("version") or "").strip()[:20], environment=env, errors=errors)
-    context.update(_range_context(request, window))
+    context: dict[str, Any] = {"team": team_obj, "tab": "environment", "environment": env,
+                               "page_url": reverse("hub:environment", args=[env.team.slug, env.slug])}
     context["versions"] = list(env.versions.order_by("-number").values_list("number", flat=True))
-    if errors:
-        return _fail(request, "analytics/environment.html", context, ValidationError(errors))
+    try:
+        params = parse_report_params(request.GET, environment=env)
+    except ValidationError as exc:
+        context.update(_range_context(request, None))
+        return _fail(request, "analytics/environment.html", context, exc)
+    window, version = params.window, params.version
+    context.update(_range_context(request, window))
     rollup_nudge()
     data = selectors.environment_report(team=team_obj, environment=env, version=version, window=window)
     gran = data["span"]["granularity"]
@@ -135,13 +132,20 @@ def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -
     explore = {"environment": env.full_name, **window.query()}
     if version is not None:
         explore["version"] = str(version.number)
+    explorer = reverse("analytics:sessions", args=[team_obj.slug])
+    for row in (*data["hardest_tasks"], *data["easiest_tasks"]):
+        row["sessions_url"] = explorer + "?" + urlencode({**explore, "split": row["split"], "task": row["task_index"]})
+        row["task_url"] = (reverse("hub:task", args=[env.team.slug, env.slug, row["split"], row["task_index"]])
+                           if row["split"] and "/" not in row["split"] else None)
+    # Tools and splits are tables only: a bar chart beside them would repeat the same numbers.
     context.update({
         "data": data,
+        "live": selectors.open_sessions_exist(team=team_obj, environment=env),
         "version": version,
         "totals": data["totals"],
         "success_rate_pct": _pct(data["totals"]["success_rate"]),
         "error_rate_pct": _pct(data["totals"]["error_rate"]),
-        "explore_url": reverse("analytics:sessions", args=[team_obj.slug]) + "?" + urlencode(explore),
+        "explore_url": explorer + "?" + urlencode(explore),
         "version_links": [{"number": n, "url": "?" + urlencode({**window.query(), "version": n}),
                            "active": version is not None and version.number == n} for n in context["versions"]],
         "all_versions_url": "?" + urlencode(window.query()),
@@ -158,14 +162,10 @@ def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -
             "lengths": charts.histogram(
                 data["episode_length_histogram"], title="Episode length distribution",
                 x_label="Episode length (tool calls per episode)", y_label="Episodes (count)", integer_edges=True),
-            "tools": charts.bars([(t["name"], t["calls"]) for t in data["tools"]], title="Tool usage",
-                                 x_label="Tool calls (count)"),
             "latency": charts.time_series(
                 lat_times, [(name, [p[key] for p in data["latency_per_period"]])
                             for name, key in (("p50", "p50"), ("p95", "p95"), ("p99", "p99"))],
                 title="Tool-call latency percentiles", y_label="Latency (ms)", granularity=data["latency_granularity"]),
-            "splits": charts.bars([(s["split"] or "(none)", _pct(s["pass_rate"])) for s in data["splits"]],
-                                  title="Pass rate per split", x_label="Pass rate (% of scored episodes)", percent=True),
         },
     })
     for row in (*data["hardest_tasks"], *data["easiest_tasks"], *data["splits"]):
@@ -173,30 +173,51 @@ def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -
     return render(request, "analytics/environment.html", context)
 
 
+def _sort_links(request: HttpRequest, query: dict[str, str], sort: str) -> dict[str, dict[str, str]]:
+    """Per column: the URL that sorts by it (again: the other way) and the arrow of the current sort."""
+    links = {}
+    for column in SORTS:
+        current = sort.lstrip("-") == column
+        descending = sort.startswith("-")
+        wanted = (column if descending else "-" + column) if current else (
+            column if column in ("session", "environment", "task", "api_key", "outcome") else "-" + column)
+        links[column] = {"url": "?" + urlencode({**query, "sort": wanted}),
+                         "arrow": ("↓" if descending else "↑") if current else ""}
+    return links
+
+
 @login_required
 def sessions(request: HttpRequest, team: str) -> HttpResponse:
     team_obj = _team(request, team)
     context: dict[str, Any] = {
-        "team": team_obj, "tab": "sessions", "statuses": Session.Status.values,
+        "team": team_obj, "tab": "sessions", "outcomes": list(OUTCOMES),
         "environments": selectors.environments_for_team(team=team_obj),
         "api_keys": list(team_obj.api_keys.order_by("name")),
         "form": {name: request.GET.get(name, "")[:200] for name in SESSION_PARAMS},
     }
     try:
-        filters = parse_session_filters(request.GET, team=team_obj)
+        params = parse_explorer_params(request.GET, team=team_obj)
     except ValidationError as exc:
-        return _fail(request, "analytics/sessions.html", {**context, **_range_context(request, None)}, exc)
+        try:  # keep the time-range selector usable when only another filter is wrong
+            window = parse_report_params(request.GET).window
+        except ValidationError:
+            window = None
+        return _fail(request, "analytics/sessions.html", {**context, **_range_context(request, window)}, exc)
+    filters = params.filters
     context.update(_range_context(request, filters.window))
     try:
-        page = selectors.sessions_page(team=team_obj, filters=filters, page=parse_page(request.GET))
+        page = selectors.sessions_page(team=team_obj, filters=filters, page=params.page, sort=params.sort)
     except ValidationError as exc:
         return _fail(request, "analytics/sessions.html", context, exc)
     query = filters.query()
+    sorted_query = {**query, "sort": params.sort} if params.sort != "-started" else query
     context.update({
         "page": page,
-        "query": urlencode(query),
-        "prev_url": "?" + urlencode({**query, "page": page["page"] - 1}) if page["page"] > 1 else None,
-        "next_url": "?" + urlencode({**query, "page": page["page"] + 1}) if page["page"] < page["pages"] else None,
+        "live": any(s["open"] for s in page["sessions"]),
+        "query": urlencode(sorted_query),
+        "sort_links": _sort_links(request, query, params.sort),
+        "prev_url": "?" + urlencode({**sorted_query, "page": page["page"] - 1}) if page["page"] > 1 else None,
+        "next_url": "?" + urlencode({**sorted_query, "page": page["page"] + 1}) if page["page"] < page["pages"] else None,
         "export_jsonl": reverse("analytics:export_jsonl", args=[team_obj.slug]) + "?" + urlencode(query),
         "export_parquet": reverse("analytics:export_parquet", args=[team_obj.slug]) + "?" + urlencode(query),
     })
@@ -223,6 +244,7 @@ def session_detail(request: HttpRequest, team: str, sid: str) -> HttpResponse:
         **_range_context(request, None, action=reverse("analytics:sessions", args=[team_obj.slug])),
         "team": team_obj, "tab": "sessions", "s": trajectory, "reward_chart": reward_chart,
         "environment_url": reverse("analytics:environment", args=[team_obj.slug, env_team, env_slug]),
+        "page_url": reverse("hub:environment", args=[env_team, env_slug]), "live": trajectory["open"],
     })
 
 

@@ -12,7 +12,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from orsplatform.analytics import export, selectors
-from orsplatform.analytics.filters import parse_page, parse_session_filters, parse_version, parse_window
+from orsplatform.analytics.filters import (
+    OUTCOMES,
+    SORTS,
+    parse_explorer_params,
+    parse_report_params,
+    parse_session_filters,
+)
 from orsplatform.api.auth import TeamAccess, caller_of
 from orsplatform.teams.models import Team
 
@@ -27,6 +33,10 @@ SESSION_PARAMETERS = [
     OpenApiParameter("version", int, description="version number (needs environment)"),
     OpenApiParameter("api_key", str, description="key prefix"),
     OpenApiParameter("status", str),
+    OpenApiParameter("outcome", str, description=", ".join(OUTCOMES)),
+    OpenApiParameter("split", str),
+    OpenApiParameter("task", int, description="task index (with split)"),
+    OpenApiParameter("q", str, description="text searched in the task spec"),
     OpenApiParameter("reward_min", float),
     OpenApiParameter("reward_max", float),
 ]
@@ -46,10 +56,10 @@ class AnalyticsOverviewView(APIView):
     @extend_schema(operation_id="analytics_overview", parameters=WINDOW_PARAMETERS, responses=OpenApiTypes.OBJECT)
     def get(self, request):
         try:
-            window = parse_window(request.query_params)
+            params = parse_report_params(request.query_params)
         except DjangoValidationError as exc:
             raise _bad(exc) from None
-        return Response(selectors.overview(team=_team(request), window=window))
+        return Response(selectors.overview(team=_team(request), window=params.window))
 
 
 class AnalyticsEnvironmentView(APIView):
@@ -62,29 +72,26 @@ class AnalyticsEnvironmentView(APIView):
         env = selectors.environment_for_report(team=team_obj, env_team=team, env_slug=slug)
         if env is None:
             raise Http404("Environment not found.")
-        errors: list[str] = []
-        window = None
         try:
-            window = parse_window(request.query_params)
+            params = parse_report_params(request.query_params, environment=env)
         except DjangoValidationError as exc:
-            errors.extend(exc.messages)
-        version = parse_version((request.query_params.get("version") or "").strip()[:20], environment=env,
-                                errors=errors)
-        if errors:
-            raise ValidationError({"detail": " ".join(errors)})
-        return Response(selectors.environment_report(team=team_obj, environment=env, version=version, window=window))
+            raise _bad(exc) from None
+        return Response(selectors.environment_report(team=team_obj, environment=env, version=params.version,
+                                                     window=params.window))
 
 
 class AnalyticsSessionListView(APIView):
     permission_classes = [TeamAccess]
 
-    @extend_schema(operation_id="analytics_sessions_list", parameters=[*SESSION_PARAMETERS, OpenApiParameter("page", int)],
-                   responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="analytics_sessions_list", parameters=[
+        *SESSION_PARAMETERS, OpenApiParameter("page", int),
+        OpenApiParameter("sort", str, description=f"one of {', '.join(SORTS)}; prefix - for descending (default -started)")],
+        responses=OpenApiTypes.OBJECT)
     def get(self, request):
         team_obj = _team(request)
         try:
-            filters = parse_session_filters(request.query_params, team=team_obj)
-            page = selectors.sessions_page(team=team_obj, filters=filters, page=parse_page(request.query_params))
+            params = parse_explorer_params(request.query_params, team=team_obj)
+            page = selectors.sessions_page(team=team_obj, filters=params.filters, page=params.page, sort=params.sort)
         except DjangoValidationError as exc:
             raise _bad(exc) from None
         return Response(page)

@@ -199,3 +199,28 @@ def ingest_jobs_of_team(*, team, limit: int = 20) -> list:
     from orsplatform.catalog.models import IngestJob
 
     return list(IngestJob.objects.filter(team=team).select_related("environment").order_by("-created_at")[:limit])
+
+
+# --- how a task reads to a person (environment pages, analytics) ---------------------------------------
+
+TASK_TEXT_KEYS = ("prompt", "question", "problem", "instruction", "instructions", "task", "text", "goal",
+                  "description", "input", "query")
+
+
+def task_text(spec: Any, *, limit: int = 160) -> str:
+    """A task's human text: its first prose-like field (prompt, question, …), else its compact JSON."""
+    text = ""
+    if isinstance(spec, dict):
+        for key in TASK_TEXT_KEYS:
+            value = spec.get(key)
+            if isinstance(value, str) and value.strip():
+                text = value.strip()
+                break
+    elif isinstance(spec, str):
+        text = spec.strip()
+    if not text:
+        import json
+
+        text = json.dumps(spec, ensure_ascii=False, sort_keys=True, separators=(", ", ": "))
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

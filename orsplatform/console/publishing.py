@@ -12,6 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from orsplatform.catalog import selectors as catalog
@@ -143,6 +144,11 @@ def version_rollback(request: HttpRequest, slug: str, env: str) -> HttpResponse:
     except (ValueError, VersionNotFound) as exc:
         raise Http404("No such version.") from exc
     messages.success(request, f"{environment.full_name} now serves version {version.number}.")
+    # The environment page's version history posts here too and wants to come back to itself.
+    back = request.POST.get("next", "")
+    if back and url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()},
+                                                 require_https=request.is_secure()):
+        return redirect(back)
     return redirect("console:environments", slug=team.slug)
 
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -16,6 +17,8 @@ from orsplatform.console.forms import ApiKeyForm
 from orsplatform.teams import selectors
 from orsplatform.teams.models import ApiKey
 from orsplatform.teams.services import api_key_create, api_key_revoke
+
+KEYS_PER_PAGE = 25
 
 
 @login_required
@@ -50,9 +53,10 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
                 # Shown in this response only; never stored, never put in a redirect or a message.
                 new_token = created.token
                 form = ApiKeyForm(team=team)
+    keys = Paginator(selectors.api_keys_for_team(team=team), KEYS_PER_PAGE).get_page(request.GET.get("page"))
     return render(request, "console/team_detail.html", {
         "team": team, "role": role, "can_manage": manage, "form": form, "new_token": new_token,
-        "keys": selectors.api_keys_for_team(team=team), "members": selectors.members_for_team(team=team),
+        "keys": keys.object_list, "page": keys, "members": selectors.members_for_team(team=team),
     })
 
 

@@ -10,7 +10,7 @@ RESERVED_SEGMENTS = frozenset({
     "admin", "api", "console", "static", "media", "openenv", "aap", "accounts", "analytics",
     "health", "version", "list_environments", "create_session", "create", "ping", "delete",
     "delete_session", "tools", "splits", "tasks", "num_tasks", "task", "task_range", "task_tools",
-    "prompt", "call", "messages", "ready",
+    "prompt", "call", "messages", "ready", "environments",
 })
 slug_validator = RegexValidator(r"^[a-z0-9][a-z0-9-]{0,62}$", "Use lowercase letters, digits and hyphens.")
 

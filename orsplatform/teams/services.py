@@ -46,6 +46,17 @@ def membership_add(*, team: Team, username: str, role: str = Membership.Role.MEM
     return membership
 
 
+def user_set_password(*, username: str, password: str) -> None:
+    """Give a web user a password (operators' `add_member --password`, `dev_key`'s one-time sign-in)."""
+    if not password:
+        raise ValidationError("The password must not be empty.")
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise ValidationError(f"No user '{username}'.")
+    user.set_password(password)
+    user.save(update_fields=["password"])
+
+
 @dataclass(frozen=True)
 class NewApiKey:
     api_key: ApiKey

@@ -80,3 +80,15 @@ def test_a_bad_key_form_shows_errors_and_creates_nothing(owner, payload):
     response = login(owner).post("/console/acme/", payload)
     assert response.status_code == 200 and "errorlist" in response.content.decode()
     assert ApiKey.objects.count() == before
+
+
+def test_the_key_list_is_paginated(owner):
+    from orsplatform.teams.services import api_key_create
+
+    for i in range(30):
+        api_key_create(team=owner.team, name=f"bulk-{i:02d}")
+    client = login(owner)
+    first = client.get("/console/acme/").content.decode()
+    second = client.get("/console/acme/?page=2").content.decode()
+    assert "Page 1 of 2" in first and "Page 2 of 2" in second
+    assert first.count("<code>ors_") + second.count("<code>ors_") == 31  # 30 and the fixture's own key

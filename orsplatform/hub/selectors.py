@@ -1,0 +1,204 @@
+"""Reads of the environment pages. Every read starts from the viewer: public environments are for
+everyone, a private one only for members of its team, and anything else is indistinguishable from a
+missing environment (the views answer 404)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.core.cache import cache
+from django.core.paginator import Page, Paginator
+from django.db.models import Avg, Count, Q, QuerySet
+from django.utils.safestring import SafeString
+
+from orsplatform.analytics.selectors import ENDED, pass_reward
+from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
+from orsplatform.episodes.models import Session
+from orsplatform.hub.markdown import render_markdown
+from orsplatform.teams.models import Membership, Team
+
+PUBLISHER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN, Membership.Role.MEMBER)
+SORTS = {
+    "name": ("team__slug", "slug"),
+    "updated": ("-current_version__created_at", "team__slug", "slug"),
+    "created": ("-created_at", "team__slug", "slug"),
+}
+README_NAMES = ("README.md", "readme.md", "README.markdown", "README.txt", "README")
+MAX_README_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class Viewer:
+    team_ids: frozenset[int]
+    everything: bool = False  # platform superusers
+
+    def can_see(self, environment: Environment) -> bool:
+        return (self.everything or environment.visibility == Environment.Visibility.PUBLIC
+                or environment.team_id in self.team_ids)
+
+    def sessions_q(self) -> Q:
+        """The sessions whose figures this viewer may see: its own teams' (never another team's)."""
+        return Q() if self.everything else Q(team_id__in=self.team_ids)
+
+
+def viewer_of(user) -> Viewer:
+    if not user.is_authenticated:
+        return Viewer(frozenset())
+    ids = frozenset(Membership.objects.filter(user=user).values_list("team_id", flat=True))
+    return Viewer(ids, everything=user.is_superuser)
+
+
+def _visible(viewer: Viewer) -> Q:
+    if viewer.everything:
+        return Q()
+    return Q(visibility=Environment.Visibility.PUBLIC) | Q(team_id__in=viewer.team_ids)
+
+
+# --- the catalog -------------------------------------------------------------------------------------
+
+def catalog_queryset(*, viewer: Viewer, query: str = "", team: str = "", visibility: str = "",
+                     sort: str = "name") -> QuerySet[Environment]:
+    qs = (Environment.objects.filter(_visible(viewer), current_version__isnull=False)
+          .select_related("team", "current_version")
+          .defer("current_version__tools", "current_version__splits", "current_version__manifest",
+                 "current_version__error"))
+    if query:
+        qs = qs.filter(Q(slug__icontains=query) | Q(description__icontains=query) | Q(team__slug__icontains=query))
+    if team:
+        qs = qs.filter(team__slug=team)
+    if visibility in Environment.Visibility.values:
+        qs = qs.filter(visibility=visibility)
+    return qs.order_by(*SORTS.get(sort, SORTS["name"]))
+
+
+def catalog_page(*, user, query: str = "", team: str = "", visibility: str = "", sort: str = "name",
+                 page: int | str = 1, per_page: int = 24) -> Page:
+    qs = catalog_queryset(viewer=viewer_of(user), query=query, team=team, visibility=visibility, sort=sort)
+    return Paginator(qs, per_page).get_page(page)
+
+
+def catalog_teams(*, user) -> list[str]:
+    """Team slugs to offer in the catalog's team filter."""
+    return list(Team.objects.filter(environments__in=Environment.objects.filter(
+        _visible(viewer_of(user)), current_version__isnull=False)).distinct().order_by("slug")
+        .values_list("slug", flat=True))
+
+
+# --- one environment ---------------------------------------------------------------------------------
+
+def environment_for_viewer(*, viewer: Viewer, team_slug: str, slug: str) -> Environment | None:
+    return (Environment.objects.select_related("team", "current_version__created_by")
+            .filter(_visible(viewer), team__slug=team_slug, slug=slug).first())
+
+
+def can_publish_to(*, user, environment: Environment) -> bool:
+    if not user.is_authenticated:
+        return False
+    return user.is_superuser or Membership.objects.filter(
+        user=user, team_id=environment.team_id, role__in=PUBLISHER_ROLES).exists()
+
+
+def readme_html(*, version: EnvironmentVersion | None) -> SafeString | None:
+    """The package README rendered and sanitized; cached by content hash (a version never changes)."""
+    if version is None:
+        return None
+    key = f"hub:readme:{version.content_hash}"
+    cached = cache.get(key)
+    if cached is not None:
+        return cached or None
+    html = ""
+    root = Path(version.package_path)
+    for name in README_NAMES:
+        path = root / name
+        if path.is_file():
+            with path.open("rb") as fh:
+                text = fh.read(MAX_README_BYTES).decode("utf-8", errors="replace")
+            html = render_markdown(text)
+            break
+    cache.set(key, html, None)
+    return html or None
+
+
+def splits_of(*, environment: Environment) -> list[Split]:
+    return list(Split.objects.filter(environment=environment).order_by("id"))
+
+
+def split_of(*, environment: Environment, name: str) -> Split | None:
+    return Split.objects.filter(environment=environment, name=name).first()
+
+
+class _SplitTasks:
+    """A split's tasks as the paginator's object list: the count is the split's stored num_tasks and a
+    page is an index range, so page 20,000 of a million tasks costs what page 1 does (no COUNT(*),
+    no OFFSET scan). Indices run 0..num_tasks-1 (ingest appends after the last one)."""
+
+    def __init__(self, split: Split) -> None:
+        self.split = split
+
+    def count(self) -> int:
+        return self.split.num_tasks
+
+    def __len__(self) -> int:
+        return self.split.num_tasks
+
+    def __getitem__(self, item: slice) -> list[dict[str, Any]]:
+        rows = (Task.objects.filter(split=self.split, index__gte=item.start, index__lt=item.stop)
+                .order_by("index").values_list("index", "spec"))
+        return [{"index": index, "spec": spec} for index, spec in rows]
+
+
+def tasks_page(*, split: Split, page: int | str, per_page: int = 25) -> Page:
+    return Paginator(_SplitTasks(split), per_page).get_page(page)
+
+
+def task_of(*, split: Split, index: int) -> Task | None:
+    return Task.objects.filter(split=split, index=index).first()
+
+
+def task_stats(*, viewer: Viewer, environment: Environment, split: str, indices: list[int]) -> dict[int, dict]:
+    """Attempts and pass rate per task index, over the sessions of the viewer's own teams."""
+    if not indices or not (viewer.team_ids or viewer.everything):
+        return {}
+    rows = (Session.objects.filter(viewer.sessions_q(), environment=environment, split=split,
+                                   task_index__in=indices, status__in=ENDED, total_reward__isnull=False)
+            .values("task_index").annotate(attempts=Count("id"), passed=Count("id", filter=Q(
+                total_reward__gte=pass_reward())), mean_reward=Avg("total_reward")).order_by())
+    return {r["task_index"]: {**r, "pass_rate": r["passed"] / r["attempts"] if r["attempts"] else None}
+            for r in rows}
+
+
+def task_recorded_prompt(*, viewer: Viewer, environment: Environment, split: str, index: int) -> list | None:
+    """The prompt blocks the latest of the viewer's sessions on this task was served (recorded on its
+    first /prompt), so the page shows what an agent saw without running tenant code in the web process."""
+    if not (viewer.team_ids or viewer.everything):
+        return None
+    return (Session.objects.filter(viewer.sessions_q(), environment=environment, split=split, task_index=index,
+                                   prompt__isnull=False)
+            .order_by("-created_at").values_list("prompt", flat=True).first())
+
+
+def sessions_team(*, user, viewer: Viewer, environment: Environment) -> Team | None:
+    """The team whose session explorer a "sessions" link opens: the environment's own team for its
+    members, else the viewer's first team."""
+    if not viewer.team_ids:
+        return None
+    team_id = environment.team_id if environment.team_id in viewer.team_ids else min(viewer.team_ids)
+    return Team.objects.filter(id=team_id).first()
+
+
+# --- versions ----------------------------------------------------------------------------------------
+
+def versions_page(*, environment: Environment, page: int | str, per_page: int = 20) -> Page:
+    qs = (environment.versions.select_related("created_by").defer("tools", "splits", "manifest")
+          .order_by("-number"))
+    return Paginator(qs, per_page).get_page(page)
+
+
+def version_numbers(*, environment: Environment) -> list[int]:
+    return list(environment.versions.order_by("-number").values_list("number", flat=True))
+
+
+def version_of(*, environment: Environment, number: int) -> EnvironmentVersion | None:
+    return environment.versions.filter(number=number).first()

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from orsplatform.hub import views
+
+app_name = "hub"
+urlpatterns = [
+    path("", views.catalog, name="catalog"),
+    path("<slug:team>/<slug:env>/", views.environment, name="environment"),
+    path("<slug:team>/<slug:env>/tasks/", views.tasks, name="tasks"),
+    path("<slug:team>/<slug:env>/tasks/<str:split>/<int:index>/", views.task, name="task"),
+    path("<slug:team>/<slug:env>/versions/", views.versions, name="versions"),
+    path("<slug:team>/<slug:env>/diff/", views.diff, name="diff"),
+]

@@ -1,0 +1,184 @@
+"""Environment pages: the public catalog, an environment's card (README, tools, splits, how to use
+it), its task browser, version history and file diffs. Thin: parse the request, call selectors.
+Public environments are shown to everyone, private ones to their team; anyone else gets a 404."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+
+from orsplatform.catalog.models import Environment
+from orsplatform.catalog.selectors import task_text
+from orsplatform.hub import selectors
+from orsplatform.hub.diff import version_diff
+
+MAX_QUERY = 100
+
+
+def _param(request: HttpRequest, name: str) -> str:
+    return (request.GET.get(name) or "").strip()[:MAX_QUERY]
+
+
+def _environment(request: HttpRequest, team: str, env: str) -> tuple[selectors.Viewer, Environment]:
+    viewer = selectors.viewer_of(request.user)
+    environment = selectors.environment_for_viewer(viewer=viewer, team_slug=team, slug=env)
+    if environment is None:
+        raise Http404("No such environment.")
+    return viewer, environment
+
+
+def _base(request: HttpRequest, viewer: selectors.Viewer, environment: Environment, tab: str) -> dict[str, Any]:
+    sessions_team = selectors.sessions_team(user=request.user, viewer=viewer, environment=environment)
+    return {
+        "environment": environment, "version": environment.current_version, "tab": tab,
+        "sessions_team": sessions_team,
+        "analytics_url": reverse("analytics:environment", args=[sessions_team.slug, environment.team.slug,
+                                                              environment.slug]) if sessions_team else None,
+    }
+
+
+def sessions_url(team, environment: Environment, split: str, index: int) -> str:
+    """The session explorer narrowed to one task (all time), for the viewer's team."""
+    return reverse("analytics:sessions", args=[team.slug]) + "?" + urlencode(
+        {"range": "all", "environment": environment.full_name, "split": split, "task": index})
+
+
+@require_GET
+def catalog(request: HttpRequest) -> HttpResponse:
+    query, team, visibility, sort = (_param(request, n) for n in ("q", "team", "visibility", "sort"))
+    page = selectors.catalog_page(user=request.user, query=query, team=team, visibility=visibility,
+                                  sort=sort or "name", page=_param(request, "page") or 1)
+    keep = {k: v for k, v in {"q": query, "team": team, "visibility": visibility, "sort": sort}.items() if v}
+    return render(request, "hub/catalog.html", {
+        "page": page, "environments": page.object_list, "q": query, "team": team, "visibility": visibility,
+        "sort": sort or "name", "teams": selectors.catalog_teams(user=request.user),
+        "visibilities": Environment.Visibility.values, "sorts": list(selectors.SORTS),
+        "page_qs": urlencode(keep),
+    })
+
+
+def _snippets(request: HttpRequest, environment: Environment, split: str | None) -> list[dict[str, str]]:
+    base = request.build_absolute_uri("/").rstrip("/")
+    name = environment.full_name
+    split = split or "test"
+    return [
+        {"client": "ors.client", "id": "ors", "code": (
+            "from ors.client import ORS\n\n"
+            f'client = ORS(base_url="{base}", api_key="ors_...")  # or ORS_API_KEY\n'
+            f'env = client.environment("{name}")\n'
+            f'task = env.list_tasks("{split}")[0]\n'
+            "with env.session(task=task) as session:\n"
+            "    print(session.get_prompt()[0].text)\n")},
+        {"client": "openreward", "id": "openreward", "code": (
+            "import os\nfrom openreward import OpenReward\n\n"
+            f'os.environ["OPENREWARD_SESSION_URL"] = "{base}"\n'
+            f'env = OpenReward(api_key="ors_...").environments.get("{name}")\n'
+            f'task = env.list_tasks("{split}")[0]\n'
+            "with env.session(task=task) as session:\n"
+            "    print(session.get_prompt())\n")},
+        {"client": "curl", "id": "curl", "code": (
+            f"B={base}\n"
+            f"curl $B/{name}/tools\n"
+            f"curl -X POST $B/{name}/task -d '{{\"split\":\"{split}\",\"index\":0}}'\n")},
+    ]
+
+
+@require_GET
+def environment(request: HttpRequest, team: str, env: str) -> HttpResponse:
+    viewer, environment = _environment(request, team, env)
+    version = environment.current_version
+    splits = selectors.splits_of(environment=environment)
+    tools = [{"name": t.get("name", ""), "description": t.get("description", ""),
+              "schema": json.dumps(t.get("input_schema") or t.get("inputSchema") or {}, indent=2, sort_keys=True)}
+             for t in (version.tools if version else [])]
+    return render(request, "hub/environment.html", {
+        **_base(request, viewer, environment, "overview"),
+        "readme": selectors.readme_html(version=version), "tools": tools, "splits": splits,
+        "snippets": _snippets(request, environment, splits[0].name if splits else None),
+        "recent_versions": list(selectors.versions_page(environment=environment, page=1, per_page=5)),
+    })
+
+
+@require_GET
+def tasks(request: HttpRequest, team: str, env: str) -> HttpResponse:
+    viewer, environment = _environment(request, team, env)
+    splits = selectors.splits_of(environment=environment)
+    wanted = _param(request, "split")
+    split = next((s for s in splits if s.name == wanted), splits[0] if splits and not wanted else None)
+    if split is None and wanted:
+        raise Http404("No such split.")
+    context = _base(request, viewer, environment, "tasks")
+    rows: list[dict[str, Any]] = []
+    page = None
+    if split is not None:
+        page = selectors.tasks_page(split=split, page=_param(request, "page") or 1)
+        stats = selectors.task_stats(viewer=viewer, environment=environment, split=split.name,
+                                     indices=[t["index"] for t in page.object_list])
+        for t in page.object_list:
+            rows.append({**t, "text": task_text(t["spec"]), "stats": stats.get(t["index"]),
+                         "url": reverse("hub:task", args=[team, env, split.name, t["index"]]),
+                         "sessions_url": sessions_url(context["sessions_team"], environment, split.name, t["index"])
+                         if context["sessions_team"] else None})
+    return render(request, "hub/tasks.html", {
+        **context, "splits": splits, "split": split, "page": page, "rows": rows,
+        "page_qs": urlencode({"split": split.name}) if split else "",
+    })
+
+
+@require_GET
+def task(request: HttpRequest, team: str, env: str, split: str, index: int) -> HttpResponse:
+    viewer, environment = _environment(request, team, env)
+    split_obj = selectors.split_of(environment=environment, name=split)
+    row = selectors.task_of(split=split_obj, index=index) if split_obj else None
+    if row is None:
+        raise Http404("No such task.")
+    context = _base(request, viewer, environment, "tasks")
+    stats = selectors.task_stats(viewer=viewer, environment=environment, split=split, indices=[index]).get(index)
+    return render(request, "hub/task.html", {
+        **context, "split": split_obj, "task": row, "text": task_text(row.spec, limit=2000),
+        "spec": json.dumps(row.spec, indent=2, sort_keys=True, ensure_ascii=False), "stats": stats,
+        "prompt": selectors.task_recorded_prompt(viewer=viewer, environment=environment, split=split, index=index),
+        "sessions_url": sessions_url(context["sessions_team"], environment, split, index)
+        if context["sessions_team"] else None,
+        "previous": index - 1 if index > 0 else None, "next": index + 1 if index + 1 < split_obj.num_tasks else None,
+    })
+
+
+@require_GET
+def versions(request: HttpRequest, team: str, env: str) -> HttpResponse:
+    viewer, environment = _environment(request, team, env)
+    page = selectors.versions_page(environment=environment, page=_param(request, "page") or 1)
+    return render(request, "hub/versions.html", {
+        **_base(request, viewer, environment, "versions"), "page": page, "versions": page.object_list,
+        "can_publish": selectors.can_publish_to(user=request.user, environment=environment),
+        "numbers": selectors.version_numbers(environment=environment),
+    })
+
+
+def _number(raw: str) -> int | None:
+    return int(raw) if raw.isdigit() and len(raw) <= 9 else None
+
+
+@require_GET
+def diff(request: HttpRequest, team: str, env: str) -> HttpResponse:
+    viewer, environment = _environment(request, team, env)
+    numbers = selectors.version_numbers(environment=environment)
+    a_raw, b_raw = _param(request, "a"), _param(request, "b")
+    a_num = _number(a_raw) if a_raw else (numbers[1] if len(numbers) > 1 else None)
+    b_num = _number(b_raw) if b_raw else (numbers[0] if numbers else None)
+    a = selectors.version_of(environment=environment, number=a_num) if a_num else None
+    b = selectors.version_of(environment=environment, number=b_num) if b_num else None
+    if (a_raw and a is None) or (b_raw and b is None):
+        raise Http404("No such version.")
+    changes = version_diff(a, b) if a is not None and b is not None else []
+    return render(request, "hub/diff.html", {
+        **_base(request, viewer, environment, "versions"), "numbers": numbers, "a": a, "b": b,
+        "changes": changes, "changed": [c for c in changes if c.change != "same"],
+        "unchanged": [c for c in changes if c.change == "same"],
+    })
