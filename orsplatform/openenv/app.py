@@ -89,7 +89,7 @@ async def _refuse_socket(scope: dict, receive, send) -> None:
     # Not an OpenEnv socket path: refuse the handshake (the server answers 403), never a 500.
     message = await receive()
     if message["type"] == "websocket.connect":
-        await send({"type": "websocket.close", "code": CLOSE_POLICY})
+        await send({"type": "websocket.close", "code": 1008})
 
 
 class OpenEnvFace:

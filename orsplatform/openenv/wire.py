@@ -31,13 +31,14 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 SERVER_ERROR = -32000
 
-# WebSocket close codes: policy (auth, unknown environment) and "try again later" (capacity).
+# WebSocket close codes after an error frame: the HTTP status in the application range (daphne's
+# autobahn refuses to send 1008 or 1013; a client reads the reason from the frame anyway).
 CLOSE_NORMAL = 1000
-CLOSE_POLICY = 1008
-CLOSE_TRY_AGAIN = 1013
-CLOSE_NOT_FOUND = 4404
+CLOSE_POLICY = 4400
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+CLOSE_TRY_AGAIN = 4429
 
 EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
