@@ -251,8 +251,8 @@ class OpenEnvFace:
         if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or not isinstance(request.get("method"), str):
             return rpc_error(request.get("id") if isinstance(request, dict) else None, INVALID_REQUEST,
                              "Invalid request: expected a JSON-RPC 2.0 request object")
-        params = request.get("params") or {}
-        if not (request.get("method") == "tools/list" and isinstance(params, dict) and not params.get("session_id")):
+        params = request.get("params")
+        if not (request.get("method") == "tools/list" and (params is None or isinstance(params, dict) and not params.get("session_id"))):
             try:  # everything but a session-less tools/list touches episodes: the sessions scope
                 caller = await self.gateway.authorize(token, Access.SESSIONS)
             except AuthError as exc:
@@ -261,7 +261,8 @@ class OpenEnvFace:
 
     async def rpc(self, caller: Caller, env: EnvHandle, request: dict,
                   socket_session: OpenEnvSession | None = None) -> dict:
-        rid, method, params = request.get("id"), request.get("method"), request.get("params") or {}
+        rid, method, params = request.get("id"), request.get("method"), request.get("params")
+        params = {} if params is None else params
         if not isinstance(params, dict):
             return rpc_error(rid, INVALID_PARAMS, "Params must be an object")
         try:
