@@ -27,6 +27,7 @@ import json
 import os
 import random
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +45,8 @@ try:  # run as a script (bench/ on sys.path) or imported as bench.openenv_compar
         postgres_database,
         prepare_platform,
         run_command,
-        server_process,
+        stop_process,
+        wait_healthy,
     )
 except ImportError:  # pragma: no cover
     from bench.compare import (
@@ -56,12 +58,49 @@ except ImportError:  # pragma: no cover
         postgres_database,
         prepare_platform,
         run_command,
-        server_process,
+        stop_process,
+        wait_healthy,
     )
 
 # Imported once up front: importing openenv (gradio, fastmcp) takes seconds, which must not fall
 # inside a measured window.
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
+
+
+@contextlib.contextmanager
+def server_process(name: str, cmd: list[str], env: dict[str, str], base_url: str, log_path: Path,
+                   startup_timeout: float):
+    """compare.server_process, yielding the process (its CPU time is read during the load)."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    try:
+        wait_healthy(name, proc, base_url, log_path, startup_timeout)
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU (user + system) of a process and all its descendants (the platform's sandbox workers)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, _) in stats.items():
+            if ppid == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(stats[p][1] for p in tree if p in stats)
+
 
 # What the reference process runs: the generated environment class, made concurrent, in create_app.
 REFERENCE_APP = '''
@@ -132,21 +171,28 @@ async def _episode_worker(url: str, headers: dict[str, str], rec: Recorder, stop
 
 
 async def episodes_load(url: str, headers: dict[str, str], concurrency: int, duration: float, warmup: float,
-                        env: str) -> dict[str, Any]:
+                        env: str, server_pid: int | None = None) -> dict[str, Any]:
     rec = Recorder()
     now = time.monotonic()
     rec.start, rec.end = now + warmup, now + warmup + duration
-    cpu0 = time.process_time()
-    await asyncio.gather(*[_episode_worker(url, headers, rec, rec.end, k * 7919, env) for k in range(concurrency)])
-    return {"concurrency": concurrency, "episodes": rec.episodes, "episodes_per_s": rec.episodes / duration,
+    workers = asyncio.gather(*[_episode_worker(url, headers, rec, rec.end, k * 7919, env) for k in range(concurrency)])
+    await asyncio.sleep(warmup)
+    cpu0, server0 = time.process_time(), tree_cpu_seconds(server_pid) if server_pid else 0.0
+    await asyncio.sleep(duration)
+    cpu1, server1 = time.process_time(), tree_cpu_seconds(server_pid) if server_pid else 0.0
+    await workers
+    return {"server_cpu_ms_per_episode": (server1 - server0) * 1000 / max(rec.episodes, 1),
+            "client_cpu_ms_per_episode": (cpu1 - cpu0) * 1000 / max(rec.episodes, 1),"concurrency": concurrency, "episodes": rec.episodes, "episodes_per_s": rec.episodes / duration,
             "reset_p50_ms": pct(rec.latencies["reset"], 50), "reset_p99_ms": pct(rec.latencies["reset"], 99),
             "step_p50_ms": pct(rec.latencies["step"], 50), "step_p99_ms": pct(rec.latencies["step"], 99),
-            "errors": rec.errors, "client_cpu_s": time.process_time() - cpu0}
+            "errors": rec.errors}
 
 
 def reference_package(env: str, workdir: Path) -> str:
     """envs/<env> through upstream's ORS importer; returns the generated package's name."""
     name = f"{env}_env"
+    if (workdir / "reference" / name).is_dir():
+        return name  # generated for an earlier concurrency of this run
     run_command([str(Path(sys.executable).with_name("openenv")), "import", str(ROOT / "envs" / env), "--name", name,
                  "--output-dir", str(workdir / "reference"), "--type", "ors"], dict(os.environ), timeout=300)
     return name
@@ -161,8 +207,8 @@ def reference_server(env: str, workdir: Path, max_sessions: int, startup_timeout
     script = workdir / "reference_app.py"
     script.write_text(REFERENCE_APP)
     with server_process("reference (openenv create_app)", [sys.executable, str(script)], environ,
-                        f"http://127.0.0.1:{port}", workdir / "reference.log", startup_timeout):
-        yield f"http://127.0.0.1:{port}"
+                        f"http://127.0.0.1:{port}", workdir / "reference.log", startup_timeout) as proc:
+        yield f"http://127.0.0.1:{port}", proc
 
 
 @contextlib.contextmanager
@@ -171,8 +217,8 @@ def platform_server(database_url: str, workdir: Path, startup_timeout: float, se
     api_key = prepare_platform(env)
     port = free_port()
     with server_process(f"platform ({server})", platform_command(server, port), env, f"http://127.0.0.1:{port}",
-                        workdir / f"platform-{server}.log", startup_timeout):
-        yield f"http://127.0.0.1:{port}", api_key
+                        workdir / f"platform-{server}.log", startup_timeout) as proc:
+        yield f"http://127.0.0.1:{port}", api_key, proc
 
 
 @contextlib.contextmanager
@@ -187,13 +233,13 @@ def database(args: argparse.Namespace, workdir: Path):
 def run_compare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"config": vars(args), "runs": []}
     for concurrency in args.concurrency:
-        with reference_server(args.env, workdir, max(concurrency * 2, 8), args.startup_timeout) as url:
+        with reference_server(args.env, workdir, max(concurrency * 2, 8), args.startup_timeout) as (url, proc):
             print(f"-- reference, concurrency {concurrency}", flush=True)
-            ref = asyncio.run(episodes_load(url, {}, concurrency, args.duration, args.warmup, args.env))
-        with database(args, workdir) as db, platform_server(db, workdir, args.startup_timeout) as (url, key):
+            ref = asyncio.run(episodes_load(url, {}, concurrency, args.duration, args.warmup, args.env, proc.pid))
+        with database(args, workdir) as db, platform_server(db, workdir, args.startup_timeout) as (url, key, proc):
             print(f"-- platform, concurrency {concurrency}", flush=True)
             plat = asyncio.run(episodes_load(f"{url}/openenv/builtin/{args.env}", {"X-API-Key": key}, concurrency,
-                                             args.duration, args.warmup, args.env))
+                                             args.duration, args.warmup, args.env, proc.pid))
         ratio = plat["episodes_per_s"] / ref["episodes_per_s"] if ref["episodes_per_s"] else float("nan")
         results["runs"].append({"concurrency": concurrency, "reference": ref, "platform": plat, "ratio": ratio})
         print(format_row("reference", ref), format_row("platform", plat), f"   ratio {ratio:.2f}", sep="\n",
@@ -204,7 +250,9 @@ def run_compare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def format_row(label: str, r: dict[str, Any]) -> str:
     return (f"   {label:<10} c={r['concurrency']:<4} {r['episodes_per_s']:8.1f} episodes/s  "
             f"reset p50 {r['reset_p50_ms']:7.2f} p99 {r['reset_p99_ms']:8.2f} ms  "
-            f"step p50 {r['step_p50_ms']:7.2f} p99 {r['step_p99_ms']:8.2f} ms  errors {sum(r['errors'].values())} "
+            f"step p50 {r['step_p50_ms']:7.2f} p99 {r['step_p99_ms']:8.2f} ms  "
+            f"CPU/episode server {r['server_cpu_ms_per_episode']:.2f} ms client {r['client_cpu_ms_per_episode']:.2f} ms  "
+            f"errors {sum(r['errors'].values())} "
             f"{dict(list(r['errors'].items())[:3]) if r['errors'] else ''}")
 
 
@@ -214,7 +262,7 @@ def format_row(label: str, r: dict[str, Any]) -> str:
 def run_hold(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, args.hold * 2 + 256)), hard))
-    with database(args, workdir) as db, platform_server(db, workdir, args.startup_timeout) as (url, key):
+    with database(args, workdir) as db, platform_server(db, workdir, args.startup_timeout) as (url, key, _):
         print(f"-- platform: {args.hold} sockets, a step every {args.step_every:g}s for {args.duration:g}s",
               flush=True)
         result = asyncio.run(_hold_main(f"{url}/openenv/builtin/wordle", {"X-API-Key": key}, args))

@@ -144,7 +144,14 @@ class Episodes:
     async def reset(self, session: OpenEnvSession, data: ResetData,
                     guard: Uninterruptible | None = None) -> dict[str, Any]:
         gw, env, caller = self.gateway, session.env, session.caller
-        await self.close(session)
+        if caller.max_open_sessions is None:
+            # The previous episode's end (its row, its teardown) need not delay the next one's
+            # start; a team with a session limit waits for it, so its freed slot is there to take.
+            previous, session.live = session.live, None
+            if previous is not None:
+                gw.spawn(self._end(caller, previous))
+        else:
+            await self.close(session)
         split, index, task_spec = data.split, data.index, data.task_spec
         if task_spec is None:
             if split is None and index is None:
@@ -232,10 +239,14 @@ class Episodes:
     async def close(self, session: OpenEnvSession) -> None:
         """End the session's episode, if any (teardown and the audit row closed by the gateway)."""
         live, session.live = session.live, None
-        if live is None or live.deleted:
+        if live is not None:
+            await self._end(session.caller, live)
+
+    async def _end(self, caller: Caller, live: LiveSession) -> None:
+        if live.deleted:
             return
         try:
-            await self.gateway.end(session.caller, live.sid)
+            await self.gateway.end(caller, live.sid)
         except GatewayError:
             pass  # already gone (expired, lost): nothing left to end
         except UNAVAILABLE as exc:
