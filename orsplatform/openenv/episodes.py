@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.models import Session
 from orsplatform.gateway.errors import UNAVAILABLE, GatewayError, Unstorable
@@ -131,8 +133,6 @@ class Episodes:
     def _sweep(self) -> None:
         # MCP sessions whose episode the gateway has ended (idle expiry) and that no socket holds,
         # or that never reset and were left: forgotten, so the registry stays bounded.
-        from django.conf import settings
-
         horizon = time.monotonic() - settings.ORS_IDLE_TIMEOUT_SECONDS
         for key, session in list(self.mcp_sessions.items()):
             gone = session.live is not None and session.live.deleted and session.live.sid not in self.gateway.sessions

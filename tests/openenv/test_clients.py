@@ -49,9 +49,9 @@ def test_a_math_episode_earns_one_for_the_right_answer_and_zero_for_a_wrong_one(
         assert state["episode_id"] == second.observation["metadata"]["session_id"]
 
     # Recorded like ORS sessions, tagged with their protocol, and ended when the socket closed.
-    rows = wait_for(lambda: [s for s in Session.objects.order_by("created_at")
-                             if s.status == Session.Status.DELETED] or None, what="sessions ended")
-    assert len(rows) == 2 and Session.objects.count() == 2
+    rows = wait_for(lambda: (lambda ended: ended if len(ended) == 2 else None)(
+        list(Session.objects.filter(status=Session.Status.DELETED).order_by("created_at"))), what="both ended")
+    assert Session.objects.count() == 2
     assert {s.protocol for s in rows} == {Session.Protocol.OPENENV}
     assert [s.total_reward for s in rows] == [1.0, 0.0] and all(s.finished for s in rows)
     assert [c.reward for c in ToolCall.objects.order_by("started_at")] == [1.0, 0.0]

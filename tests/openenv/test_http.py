@@ -121,3 +121,17 @@ async def test_mcp_answers_json_rpc_errors_for_what_it_does_not_serve(client, ow
     anonymous = (await client.post(f"{MATH}/mcp", json=rpc("tools/list"))).json()
     assert [t["name"] for t in anonymous["result"]["tools"]] == ["submit"]
     assert (await client.post(f"{MATH}/mcp", json=rpc("openenv/session/create"))).status_code == 401
+
+
+async def test_openenv_sessions_appear_in_the_explorer_api_and_the_exports_with_their_protocol(client, owner):
+    reset = (await client.post(f"{MATH}/reset", headers=owner.headers, json={"split": "test", "index": 1})).json()
+    sid = reset["observation"]["metadata"]["session_id"]
+    listed = await client.get("/api/v1/analytics/sessions", headers=owner.headers)
+    assert listed.status_code == 200 and [s["sid"] for s in listed.json()["sessions"]] == [sid]
+    trajectory = await client.get(f"/api/v1/analytics/sessions/{sid}", headers=owner.headers)
+    assert trajectory.status_code == 200 and sid in trajectory.text
+    detail = await client.get(f"/api/v1/sessions/{sid}", headers=owner.headers)
+    assert detail.status_code == 200 and detail.json()["protocol"] == "openenv"
+    export = await client.get("/api/v1/analytics/export.jsonl", headers=owner.headers)
+    rows = [line for line in export.text.splitlines() if sid in line]
+    assert len(rows) == 1 and '"protocol":"openenv"' in rows[0].replace(" ", "")
