@@ -1,4 +1,5 @@
-"""ASGI entry point: the ORS surface at the root, Django under its reserved prefixes."""
+"""ASGI entry point: the ORS surface at the root, the OpenEnv face under /openenv/ (HTTP and its
+WebSocket), Django under its other reserved prefixes."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ django_application = get_asgi_application()
 from django.conf import settings  # noqa: E402
 
 from orsplatform.gateway.gateway import EpisodeGateway  # noqa: E402
+from orsplatform.openenv.app import OpenEnvFace  # noqa: E402
 from orsplatform.ors.app import OrsApp  # noqa: E402
 from orsplatform.teams.models import RESERVED_SEGMENTS  # noqa: E402
 
 # First path segments served by Django (web admin, REST API, static files, later adapters).
 DJANGO_PREFIXES = frozenset({"", "admin", "api", "console", "static", "media", "accounts", "analytics",
-                             "openenv", "aap", "ready", "environments"})
-assert DJANGO_PREFIXES - {""} <= RESERVED_SEGMENTS
+                             "aap", "ready", "environments"})
+OPENENV_PREFIX = "openenv"
+assert DJANGO_PREFIXES - {""} | {OPENENV_PREFIX} <= RESERVED_SEGMENTS
 
 
 async def _too_large(send, limit: int) -> None:
@@ -50,6 +53,7 @@ async def _refuse_websocket(receive, send) -> None:
 def build_application(ors_app: OrsApp | None = None):
     # One episode gateway per process, shared by every face.
     ors = ors_app or OrsApp(gateway=EpisodeGateway())
+    openenv = OpenEnvFace(gateway=ors.gateway)
     # Django spools a whole upload to disk before any view runs: refuse oversized ones up front.
     upload_limit = max(settings.ORS_MAX_PACKAGE_BYTES, settings.ORS_MAX_TASK_FILE_BYTES) + 1024 * 1024
 
@@ -58,7 +62,9 @@ def build_application(ors_app: OrsApp | None = None):
             path: str = scope["path"]
             end = path.find("/", 1)
             first = path[1:] if end == -1 else path[1:end]
-            if first in DJANGO_PREFIXES:
+            if first == OPENENV_PREFIX:
+                await openenv(scope, receive, send)
+            elif first in DJANGO_PREFIXES:
                 if _declared_length(scope) > upload_limit:
                     await _too_large(send, upload_limit)
                     return
@@ -68,10 +74,14 @@ def build_application(ors_app: OrsApp | None = None):
         elif scope["type"] == "lifespan":
             await ors.lifespan(receive, send)
         elif scope["type"] == "websocket":
-            await _refuse_websocket(receive, send)
+            if scope["path"].startswith("/openenv/"):
+                await openenv(scope, receive, send)  # Channels' router and the /ws consumer
+            else:
+                await _refuse_websocket(receive, send)
 
     application.ors = ors  # type: ignore[attr-defined]
     application.gateway = ors.gateway  # type: ignore[attr-defined]
+    application.openenv = openenv  # type: ignore[attr-defined]
     return application
 
 

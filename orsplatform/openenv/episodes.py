@@ -1,0 +1,281 @@
+"""An OpenEnv session and what its messages do, in terms of the episode gateway.
+
+An OpenEnv session is one WebSocket (its own), or one MCP session (``openenv/session/create``) that
+a socket may attach to with ``/ws?session_id=``. Like upstream's ORS importer template, a session
+holds at most one ORS episode at a time: ``reset`` ends the current one (if any) and creates the
+next, on the task it names or the first split's task 0; tool calls run on the current episode;
+``close`` (or the socket going away) ends it. Every episode is a gateway episode tagged
+``protocol="openenv"``: recorded, limited, audited and redacted like an ORS one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from orsplatform.catalog.selectors import EnvHandle
+from orsplatform.episodes.models import Session
+from orsplatform.gateway.errors import UNAVAILABLE, GatewayError, Unstorable
+from orsplatform.gateway.gateway import EpisodeGateway
+from orsplatform.gateway.live import LiveSession
+from orsplatform.openenv.wire import (
+    CAPACITY_REACHED,
+    CLOSE_TRY_AGAIN,
+    EXECUTION_ERROR,
+    SESSION_ERROR,
+    VALIDATION_ERROR,
+    CallToolAction,
+    OpenEnvError,
+    ResetData,
+    observation_data,
+    tool_spec,
+)
+from orsplatform.teams.auth import Caller
+
+log = logging.getLogger("orsplatform.openenv")
+
+PROTOCOL = Session.Protocol.OPENENV
+NOT_RESET = "Call reset() before invoking ORS tools"
+# Setup normally finishes well within one gateway wait; a slow one gets a few more before the
+# reset answers an error (OpenEnv clients wait 60 s per message by default).
+SETUP_WAITS = 2
+
+
+class Uninterruptible:
+    """Marks the stretch of a reset that must not be cancelled (by a socket going away): from the
+    gateway creating the episode to the session holding it, so its end is never lost."""
+
+    def __init__(self) -> None:
+        self.free = asyncio.Event()
+        self.free.set()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        self.free.clear()
+        try:
+            yield
+        finally:
+            self.free.set()
+
+
+@dataclass
+class OpenEnvSession:
+    id: str
+    caller: Caller
+    env: EnvHandle
+    live: LiveSession | None = None
+    episode_id: str | None = None
+    step_count: int = 0
+    task_spec: Any = None
+    split: str | None = None
+    index: int | None = None
+    attached: bool = False  # a socket serves this (MCP) session now
+    close_pending: bool = False  # openenv/session/close came while a socket held it
+    last_used: float = field(default_factory=time.monotonic)
+    # One message at a time, in order, whichever transport it came by.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def owned_by(self, caller: Caller, env: EnvHandle) -> bool:
+        return self.caller.team_id == caller.team_id and self.env.environment_id == env.environment_id
+
+
+def gateway_error(exc: GatewayError, *, creating: bool = False) -> OpenEnvError:
+    """A gateway refusal in OpenEnv's codes."""
+    if exc.status == 429 and creating:
+        # The team is at its open-session limit: upstream answers this and closes the socket.
+        return OpenEnvError(CAPACITY_REACHED, exc.detail, close=CLOSE_TRY_AGAIN, status=429,
+                            retry_after=exc.headers.get("Retry-After"))
+    if exc.status == 400:
+        return OpenEnvError(VALIDATION_ERROR, exc.detail, status=400)
+    if exc.status in (404, 410):
+        return OpenEnvError(SESSION_ERROR, exc.detail, status=exc.status)
+    return OpenEnvError(EXECUTION_ERROR, exc.detail, status=exc.status)
+
+
+class Episodes:
+    """reset / step / state / close of OpenEnv sessions, and the registry of MCP sessions."""
+
+    def __init__(self, gateway: EpisodeGateway) -> None:
+        self.gateway = gateway
+        self.mcp_sessions: dict[str, OpenEnvSession] = {}
+
+    def new_session(self, caller: Caller, env: EnvHandle) -> OpenEnvSession:
+        return OpenEnvSession(id=str(uuid.uuid4()), caller=caller, env=env)
+
+    # --- MCP sessions ---------------------------------------------------------------------------
+
+    def mcp_open(self, caller: Caller, env: EnvHandle) -> OpenEnvSession:
+        self._sweep()
+        session = self.new_session(caller, env)
+        self.mcp_sessions[session.id] = session
+        return session
+
+    def mcp_session(self, caller: Caller, env: EnvHandle, session_id: Any) -> OpenEnvSession | None:
+        """The caller's MCP session on this environment (another team's answers as unknown)."""
+        session = self.mcp_sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None or not session.owned_by(caller, env):
+            return None
+        session.last_used = time.monotonic()
+        return session
+
+    async def mcp_close(self, session: OpenEnvSession) -> None:
+        self.mcp_sessions.pop(session.id, None)
+        await self.close(session)
+
+    def _sweep(self) -> None:
+        # MCP sessions whose episode the gateway has ended (idle expiry) and that no socket holds,
+        # or that never reset and were left: forgotten, so the registry stays bounded.
+        horizon = time.monotonic() - settings.ORS_IDLE_TIMEOUT_SECONDS
+        for key, session in list(self.mcp_sessions.items()):
+            gone = session.live is not None and session.live.deleted and session.live.sid not in self.gateway.sessions
+            if not session.attached and (gone or (session.live is None and session.last_used < horizon)):
+                self.mcp_sessions.pop(key, None)
+
+    # --- messages -------------------------------------------------------------------------------
+
+    async def reset(self, session: OpenEnvSession, data: ResetData,
+                    guard: Uninterruptible | None = None) -> dict[str, Any]:
+        gw, env, caller = self.gateway, session.env, session.caller
+        if caller.max_open_sessions is None:
+            # The previous episode's end (its row, its teardown) need not delay the next one's
+            # start; a team with a session limit waits for it, so its freed slot is there to take.
+            previous, session.live = session.live, None
+            if previous is not None:
+                gw.spawn(self._end(caller, previous))
+        else:
+            await self.close(session)
+        split, index, task_spec = data.split, data.index, data.task_spec
+        if task_spec is None:
+            if split is None and index is None:
+                if not env.split_order:
+                    raise OpenEnvError(VALIDATION_ERROR, "The environment has no splits; give a task_spec.")
+                split, index = env.split_order[0], 0
+            elif split is None or index is None:
+                raise OpenEnvError(VALIDATION_ERROR, "split and index must be provided together")
+            task_spec = await self._guard(gw.task_spec(env, split, index))
+        else:
+            split = index = None
+        sid = gw.open_session(caller, secrets={}, env_vars={})
+        with guard.hold() if guard is not None else contextlib.nullcontext():
+            live = await self._guard(gw.create_episode(
+                caller, sid=sid, env=env, task_spec=task_spec if split is None else None, split=split,
+                index=index, secrets=data.secret_values(), protocol=PROTOCOL), creating=True)
+            session.live = live
+        session.step_count = 0
+        session.episode_id = data.episode_id or sid
+        session.task_spec, session.split, session.index = task_spec, split, index
+        try:
+            blocks = await self._prompt(live)
+        except OpenEnvError:
+            await self.close(session)
+            raise
+        metadata = {"source_type": "ors", "original_env_class": env.entrypoint.rpartition(":")[2],
+                    "environment": f"{env.full_name}@{env.version_number}", "session_id": sid,
+                    "episode_id": session.episode_id, "task_spec": task_spec, "split": split, "index": index,
+                    "prompt": blocks}
+        return observation_data({"metadata": metadata}, None, False, metadata)
+
+    async def _prompt(self, live: LiveSession) -> list[dict]:
+        for attempt in range(SETUP_WAITS):
+            try:
+                return await self.gateway.prompt(live)
+            except GatewayError as exc:
+                if exc.status != 503 or exc.headers.get("X-Backend-State") != "starting" or attempt + 1 == SETUP_WAITS:
+                    raise gateway_error(exc) from None
+        raise AssertionError("unreachable")
+
+    async def tools(self, session: OpenEnvSession) -> list[dict[str, Any]]:
+        """The session's tools: the episode's (shared and task) after a reset, the shared ones before
+        (upstream lists tools without a reset)."""
+        if session.live is None:
+            return [tool_spec(t) for t in session.env.tools]
+        live = await self._current(session)
+        return [tool_spec(t) for t in await self._guard(self.gateway.tools(live))]
+
+    async def list_tools(self, session: OpenEnvSession) -> dict[str, Any]:
+        return observation_data({"metadata": {}, "tools": await self.tools(session)}, None, False)
+
+    async def call_observation(self, session: OpenEnvSession, action: CallToolAction) -> dict[str, Any]:
+        """The ``CallToolObservation`` of one tool call (its fields, reward and done included)."""
+        if session.live is None:
+            raise OpenEnvError(EXECUTION_ERROR, NOT_RESET)
+        live = await self._current(session)
+        entry = await self._guard(self.gateway.call(session.caller, live, action.tool_name, action.arguments))
+        result, exception = entry.outcome()
+        session.step_count += 1
+        if exception is not None:
+            raise OpenEnvError(EXECUTION_ERROR, exception)
+        if result is None or not result.get("ok"):
+            message = str((result or {}).get("error") or "ORS tool call failed")
+            return {"done": False, "reward": None, "metadata": {}, "tool_name": action.tool_name, "result": None,
+                    "error": {"error_type": "execution_error", "message": message}}
+        output = result["output"]
+        metadata = output.get("metadata") or {}
+        return {"done": bool(output.get("finished")), "reward": output.get("reward"), "metadata": metadata,
+                "tool_name": action.tool_name,
+                "result": {"blocks": output.get("blocks") or [], "metadata": metadata}, "error": None}
+
+    async def call_tool(self, session: OpenEnvSession, action: CallToolAction) -> dict[str, Any]:
+        observation = await self.call_observation(session, action)
+        reward, done = observation.pop("reward"), observation.pop("done")
+        return observation_data(observation, reward, done, observation["metadata"])
+
+    def state(self, session: OpenEnvSession) -> dict[str, Any]:
+        state: dict[str, Any] = {"episode_id": session.episode_id, "step_count": session.step_count}
+        if session.live is not None:
+            state.update(source_type="ors", original_env_class=session.env.entrypoint.rpartition(":")[2],
+                         session_id=session.live.sid, environment=session.env.full_name,
+                         task_spec=session.task_spec, split=session.split, index=session.index)
+        return state
+
+    async def close(self, session: OpenEnvSession) -> None:
+        """End the session's episode, if any (teardown and the audit row closed by the gateway)."""
+        live, session.live = session.live, None
+        if live is not None:
+            await self._end(session.caller, live)
+
+    async def _end(self, caller: Caller, live: LiveSession) -> None:
+        if live.deleted:
+            return
+        try:
+            await self.gateway.end(caller, live.sid)
+        except GatewayError:
+            pass  # already gone (expired, lost): nothing left to end
+        except UNAVAILABLE as exc:
+            # The row stays open; the reaper expires it once the database is back.
+            log.warning("could not end openenv episode %s: %s", live.sid, exc)
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    async def _current(self, session: OpenEnvSession) -> LiveSession:
+        assert session.live is not None
+        live = session.live
+        if live.deleted or self.gateway.live(session.caller, live.sid) is None:
+            # Ended underneath the session (idle expiry, a lost runner): the gateway says how.
+            try:
+                live = await self.gateway.session(session.caller, live.sid)
+            except GatewayError as exc:
+                session.live = None
+                raise gateway_error(exc) from None
+        return live
+
+    @staticmethod
+    async def _guard(awaitable, *, creating: bool = False):
+        try:
+            return await awaitable
+        except GatewayError as exc:
+            raise gateway_error(exc, creating=creating) from None
+        except Unstorable:
+            raise OpenEnvError(VALIDATION_ERROR, "The request holds a value that cannot be stored "
+                                                 "(such as a NUL character).") from None
+        except UNAVAILABLE as exc:
+            log.warning("backing service unavailable: %s: %s", type(exc).__name__, exc)
+            raise OpenEnvError(EXECUTION_ERROR, "Temporarily unavailable; retry shortly.", status=503) from None
