@@ -103,7 +103,9 @@ def tool_reply(result: dict | None, exception: str | None) -> tuple[list[dict] |
 class Engine:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.db_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="evals-db")
+        # One thread: writes of an episode land in the order they were made (a cancelled episode's
+        # release after its start), and SQLite sees a single writer from the engine.
+        self.db_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evals-db")
         self.thread = threading.Thread(target=self.loop.run_forever, name="evals-engine", daemon=True)
         self.thread.start()
         self.gateway = None
@@ -243,10 +245,10 @@ class Engine:
         started = time.monotonic()
         sid = gw.open_session(plan.caller, secrets={}, env_vars={})
         state = EpisodeState(task_index=index, sid=sid)
-        await self.db(services.eval_episode_start, run_id=plan.run_id, task_index=index, sid=sid)
         live = None
         aap_sid: str | None = None
         try:
+            await self.db(services.eval_episode_start, run_id=plan.run_id, task_index=index, sid=sid)
             live = await self._create(plan, env, sid, index)
             await self._ready(live)
             prompt = await gw.prompt(live)
@@ -270,13 +272,25 @@ class Engine:
         except Exception as exc:
             log.exception("episode %s of run %s failed in the platform", index, plan.run_id)
             state.stop_reason, state.error = "error", f"Platform: {type(exc).__name__}: {exc}"
+        # The episode has its result: a cancel from here on must not lose it (nor leave the
+        # session open), so clean-up and scoring finish whatever happens to this task.
+        finish = asyncio.ensure_future(self._finish(plan, client, aap_sid, sid, live, state,
+                                                    round(time.monotonic() - started, 4)))
+        try:
+            await asyncio.shield(finish)
+        except asyncio.CancelledError:
+            await finish
+            raise
+
+    async def _finish(self, plan: RunPlan, client: AapClient, aap_sid: str | None, sid: str, live,
+                      state: EpisodeState, duration_s: float) -> None:
         await self._cleanup(plan, client, aap_sid, sid, live)
         passed = not state.error and state.reward >= plan.pass_threshold
         await self.db(services.eval_episode_score, run_id=plan.run_id, score=EpisodeScore(
-            task_index=index, sid=sid, reward=state.reward, passed=passed, finished=state.finished,
+            task_index=state.task_index, sid=sid, reward=state.reward, passed=passed, finished=state.finished,
             stop_reason=state.stop_reason, error=state.error, turns=state.turns, tool_calls=state.tool_calls,
             input_tokens=state.input_tokens, output_tokens=state.output_tokens, transcript=state.transcript,
-            duration_s=round(time.monotonic() - started, 4)))
+            duration_s=duration_s))
 
     async def _turns(self, plan: RunPlan, live, client: AapClient, aap_sid: str, turn: Turn,
                      app_tools: set[str], state: EpisodeState) -> None:
@@ -332,11 +346,14 @@ class Engine:
     async def _cleanup(self, plan: RunPlan, client: AapClient, aap_sid: str | None, sid: str, live) -> None:
         if aap_sid:
             await client.delete(aap_sid)
-        if live is not None:
-            try:
-                await self.gateway.end(plan.caller, sid)
-            except Exception as exc:
-                log.warning("could not end session %s: %s", sid, exc)
+        # Also without `live`: a cancel inside create_episode may leave its row (and instance) behind.
+        try:
+            await self.gateway.end(plan.caller, sid)
+        except GatewayError as exc:
+            if live is not None or exc.status != 404:  # 404: the episode was never created
+                log.warning("could not end session %s: %s", sid, exc.detail)
+        except Exception as exc:
+            log.warning("could not end session %s: %s", sid, exc)
 
 
 _engine: Engine | None = None

@@ -105,11 +105,12 @@ def run_state(person, run_id: int) -> dict:
     return r.json()
 
 
-def wait_run(person, run_id: int, *, until=lambda run: run["status"] in TERMINAL, timeout: float = 60) -> dict:
+def wait_run(person, run_id: int, *, until=lambda run: run["status"] in TERMINAL, timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         run = run_state(person, run_id)
         if until(run):
             return run
-        assert time.monotonic() < deadline, f"run {run_id} did not get there: {run}"
+        brief = {k: v for k, v in run.items() if k != "episodes"}
+        assert time.monotonic() < deadline, f"run {run_id} did not get there: {brief}"
         time.sleep(0.05)  # polling interval while waiting on the condition
