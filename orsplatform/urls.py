@@ -11,6 +11,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("console/", include("orsplatform.console.urls")),
     path("analytics/", include("orsplatform.analytics.urls")),
+    path("aap/", include("orsplatform.evals.urls")),
     path("api/", include("orsplatform.api.urls")),
     path("admin/", admin.site.urls),
 ]
