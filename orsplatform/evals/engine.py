@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import httpx
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, connection
 
 from orsplatform.evals import services
 from orsplatform.evals.aap import (
@@ -130,8 +130,13 @@ class Engine:
 
     async def db(self, fn: Callable[..., T], **kwargs: Any) -> T:
         def run() -> T:
-            close_old_connections()
-            return fn(**kwargs)
+            # The thread keeps its connection (close_old_connections() would close it on every call
+            # with CONN_MAX_AGE=0, a new PostgreSQL backend per write); a broken one is replaced once.
+            try:
+                return fn(**kwargs)
+            except (InterfaceError, OperationalError):
+                connection.close()
+                return fn(**kwargs)
 
         return await self.loop.run_in_executor(self.db_pool, run)
 
