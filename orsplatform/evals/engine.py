@@ -38,7 +38,8 @@ from orsplatform.evals.aap import (
 )
 from orsplatform.evals.models import EvalRun
 from orsplatform.evals.services import EpisodeScore, RunPlan
-from orsplatform.gateway.errors import GatewayError
+from orsplatform.gateway.errors import GatewayError, storable
+from orsplatform.runners.redact import redact, secret_values
 
 log = logging.getLogger("orsplatform.evals")
 T = TypeVar("T")
@@ -291,11 +292,13 @@ class Engine:
                       state: EpisodeState, duration_s: float) -> None:
         await self._cleanup(plan, client, aap_sid, sid, live)
         passed = not state.error and state.reward >= plan.pass_threshold
+        # Stored like the audit log: an environment (or the agent) may echo a secret it was given.
+        secrets = secret_values(plan.secrets)
         await self.db(services.eval_episode_score, run_id=plan.run_id, score=EpisodeScore(
             task_index=state.task_index, sid=sid, reward=state.reward, passed=passed, finished=state.finished,
-            stop_reason=state.stop_reason, error=state.error, turns=state.turns, tool_calls=state.tool_calls,
-            input_tokens=state.input_tokens, output_tokens=state.output_tokens, transcript=state.transcript,
-            duration_s=duration_s))
+            stop_reason=state.stop_reason, error=redact(state.error, secrets), turns=state.turns,
+            tool_calls=state.tool_calls, input_tokens=state.input_tokens, output_tokens=state.output_tokens,
+            transcript=storable(redact(state.transcript, secrets)), duration_s=duration_s))
 
     async def _turns(self, plan: RunPlan, live, client: AapClient, aap_sid: str, turn: Turn,
                      app_tools: set[str], state: EpisodeState) -> None:

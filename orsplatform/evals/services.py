@@ -45,6 +45,9 @@ def agent_register(*, team: Team, name: str, url: str, agent: str, api_key: str 
         meta = aap.fetch_meta(url, api_key, agent)
     except aap.AapError as exc:
         raise ValidationError(str(exc)) from None
+    if "tools" not in ((meta.get("capabilities") or {}).get("application") or {}):
+        raise ValidationError("The agent does not accept application-side tools (capabilities.application.tools); "
+                              "an evaluation gives it the environment's tools that way.")
     modes = aap.stream_modes(meta)
     if stream not in modes:
         raise ValidationError(f"The agent does not support stream {stream!r} (it supports: {', '.join(modes)}).")

@@ -91,8 +91,11 @@ def meta(version: int = 1) -> dict:
             entry["tools"] = [{"name": "web_search", "description": "Search the web",
                                "inputSchema": {"type": "object", "properties": {"query": {"type": "string"}}}}]
         agents.append(entry)
-    # An agent whose /meta declares no stream capability: it only supports "none".
-    agents.append({"name": "plain", "version": "1.0.0", "tools": [], "options": []})
+    # An agent whose /meta declares no stream capability: it only supports "none"; and one that takes
+    # no application-side tools (so no environment's tools).
+    agents.append({"name": "plain", "version": "1.0.0", "tools": [], "options": [],
+                   "capabilities": {"application": {"tools": {}}}})
+    agents.append({"name": "toolless", "version": "1.0.0", "tools": [], "options": []})
     return {"version": version, "agents": agents}
 
 

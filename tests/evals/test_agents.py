@@ -53,6 +53,11 @@ def test_a_stream_mode_meta_does_not_declare_is_refused(owner, agents):
     assert _post(owner, url=agents.url, agent="plain", stream="none")[0] == 201
 
 
+def test_an_agent_that_takes_no_application_tools_is_refused(owner, agents):
+    status, body = _post(owner, url=agents.url, agent="toolless")
+    assert status == 400 and "does not accept application-side tools" in body["detail"]
+
+
 def test_hosts_outside_the_allow_list_are_refused(owner, agents, settings):
     settings.ORS_EVAL_AGENT_ALLOWED_HOSTS = ["10.0.0.0/8"]
     status, body = _post(owner, url=agents.url)

@@ -102,3 +102,16 @@ def test_the_teams_open_session_limit_applies_and_the_run_waits_for_slots(owner,
     run = wait_run(owner, launch(owner, agent["id"], stop=16, concurrency=8)["id"])
     assert run["status"] == "finished" and run["done"] == 16 and run["errors"] == 0, run
     assert agents.stats()["max_open"] <= 2
+
+
+def test_secrets_reach_the_environment_and_are_stored_nowhere(owner, agents):
+    from orsplatform.evals.models import EvalRun
+
+    agent = register(owner, agents, "solver", "message")
+    run = wait_run(owner, launch(owner, agent["id"], stop=2, secrets={"TOKEN": "s3cr3t-value-1234"})["id"])
+    assert run["status"] == "finished"
+    calls = ToolCall.objects.filter(session__sid__in=[e["sid"] for e in run["episodes"]])
+    assert [c.output["output"]["metadata"]["secrets_seen"] for c in calls] == [["TOKEN"], ["TOKEN"]]
+    assert EvalRun.objects.get(id=run["id"]).secrets_encrypted == ""  # wiped when the run ended
+    stored = str(list(EvalEpisode.objects.filter(run_id=run["id"]).values())) + str(list(calls.values()))
+    assert "s3cr3t-value-1234" not in stored
