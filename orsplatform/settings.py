@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "orsplatform.analytics",
     "orsplatform.runners",  # its beat tasks (runners/tasks.py); no models
     "orsplatform.hub",
+    "orsplatform.evals",  # AAP agents, evaluation runs and leaderboards
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -230,6 +231,28 @@ ORS_UPLOAD_DIR = Path(os.environ.get("ORS_UPLOAD_DIR", VAR_DIR / "uploads"))
 # Large uploads stream to disk instead of memory; task files are read from there, never whole.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 
+# --- Evaluations (orsplatform/evals): the platform as an AAP v1 application --------------------------
+# Key material for agents' API keys and runs' secrets at rest (Fernet); set it in production so that
+# rotating SECRET_KEY does not make stored agent keys unreadable.
+ORS_AGENT_KEY_SECRET = os.environ.get("ORS_AGENT_KEY_SECRET", SECRET_KEY)
+# Agent URLs are team-supplied, so the platform fetching them is an SSRF surface. Comma-separated
+# hostnames and IP ranges (CIDR) agents may live at; empty: any host whose every address is public
+# (loopback, private, link-local and reserved ranges refused).
+ORS_EVAL_AGENT_ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ORS_EVAL_AGENT_ALLOWED_HOSTS", "").split(",")
+                                if h.strip()]
+ORS_EVAL_CONNECT_TIMEOUT_SECONDS = env_float("ORS_EVAL_CONNECT_TIMEOUT_SECONDS", 10.0)
+# Longest silence on an agent's response (between bytes of a stream) before the turn fails.
+ORS_EVAL_READ_TIMEOUT_SECONDS = env_float("ORS_EVAL_READ_TIMEOUT_SECONDS", 120.0)
+# Longest turn, whatever the agent sends meanwhile (a stream that never ends).
+ORS_EVAL_TURN_TIMEOUT_SECONDS = env_float("ORS_EVAL_TURN_TIMEOUT_SECONDS", 600.0)
+# How long an episode waits for one of the team's open-session slots before it is scored failed.
+ORS_EVAL_CAPACITY_WAIT_SECONDS = env_float("ORS_EVAL_CAPACITY_WAIT_SECONDS", 900.0)
+ORS_EVAL_MAX_CONCURRENCY = env_int("ORS_EVAL_MAX_CONCURRENCY", 64)
+ORS_EVAL_MAX_EPISODES = env_int("ORS_EVAL_MAX_EPISODES", 100_000)
+# A driving worker renews its lease on the run this often; a lease not renewed for
+# ORS_EVAL_LEASE_SECONDS belongs to a dead worker, and the run may be taken over (resume).
+ORS_EVAL_LEASE_SECONDS = env_float("ORS_EVAL_LEASE_SECONDS", 30.0)
+
 # Behind TLS in production: cookies only over HTTPS, HSTS, and the proxy's scheme header trusted.
 if env_bool("ORS_SECURE_COOKIES", False):
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
@@ -249,5 +272,6 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # httpx logs every request at INFO: one line per AAP turn of every evaluation episode.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }

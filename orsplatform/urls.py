@@ -13,6 +13,7 @@ urlpatterns = [
     path("environments/", include("orsplatform.hub.urls")),
     path("console/", include("orsplatform.console.urls")),
     path("analytics/", include("orsplatform.analytics.urls")),
+    path("aap/", include("orsplatform.evals.urls")),
     path("api/", include("orsplatform.api.urls")),
     path("admin/", admin.site.urls),
 ]

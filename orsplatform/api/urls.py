@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from orsplatform.api import analytics, publishing, views
+from orsplatform.api import analytics, evals, publishing, views
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -30,4 +30,13 @@ urlpatterns = [
     path("v1/analytics/export.jsonl", analytics.AnalyticsExportJsonlView.as_view(), name="api-analytics-export-jsonl"),
     path("v1/analytics/export.parquet", analytics.AnalyticsExportParquetView.as_view(),
          name="api-analytics-export-parquet"),
+    # Evaluations of AAP agents (orsplatform/api/evals.py)
+    path("v1/agents", evals.AgentListView.as_view(), name="api-agents"),
+    path("v1/agents/<int:agent_id>", evals.AgentDetailView.as_view(), name="api-agent"),
+    path("v1/agents/<int:agent_id>/ping", evals.AgentPingView.as_view(), name="api-agent-ping"),
+    path("v1/eval-runs", evals.RunListView.as_view(), name="api-eval-runs"),
+    path("v1/eval-runs/<int:run_id>", evals.RunDetailView.as_view(), name="api-eval-run"),
+    path("v1/eval-runs/<int:run_id>/cancel", evals.RunCancelView.as_view(), name="api-eval-run-cancel"),
+    path("v1/eval-runs/<int:run_id>/resume", evals.RunResumeView.as_view(), name="api-eval-run-resume"),
+    path("v1/leaderboards/<str:team>/<str:slug>", evals.LeaderboardView.as_view(), name="api-eval-leaderboard"),
 ]

@@ -1,0 +1,171 @@
+"""Evaluation pages: a team's runs, its agents (add, ping /meta, remove), a run page with live
+progress, and leaderboards. Thin: parse, call services and selectors, render."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from orsplatform.analytics import charts
+from orsplatform.catalog.models import Environment
+from orsplatform.evals import selectors, services
+from orsplatform.evals.forms import AgentForm, RunForm
+from orsplatform.evals.models import EvalRun
+from orsplatform.teams.models import Team
+from orsplatform.teams.selectors import can_manage, team_for_user, teams_for_user
+
+
+def _team(request: HttpRequest, slug: str, *, manage: bool = False) -> Team:
+    team, role = team_for_user(user=request.user, slug=slug)
+    if manage and not can_manage(user=request.user, role=role):
+        raise PermissionDenied("Only owners and admins manage agents.")
+    return team
+
+
+def _run(team: Team, run_id: int) -> EvalRun:
+    run = selectors.run_of_team(team=team, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    return run
+
+
+@login_required
+def index(request: HttpRequest) -> HttpResponse:
+    teams = teams_for_user(user=request.user)
+    if len(teams) == 1:
+        return redirect("evals:runs", team=teams[0][0].slug)
+    return render(request, "evals/team_list.html", {"teams": teams})
+
+
+@login_required
+def runs(request: HttpRequest, team: str) -> HttpResponse:
+    team_obj = _team(request, team)
+    agents = selectors.agents_of_team(team=team_obj)
+    form = RunForm(agents=agents)
+    if request.method == "POST":
+        form = RunForm(request.POST, agents=agents)
+        if form.is_valid():
+            data = dict(form.cleaned_data)
+            agent = selectors.agent_of_team(team=team_obj, agent_id=data.pop("agent"))
+            try:
+                if agent is None:
+                    raise ValidationError("No such agent.")
+                launched = services.eval_run_launch(team=team_obj, agent=agent, **data)
+            except ValidationError as exc:
+                form.add_error(None, exc)
+            else:
+                return redirect("evals:run", team=team_obj.slug, run_id=launched.id)
+    rows = [{"run": r, **selectors.run_numbers(run=r)} for r in selectors.runs_of_team(team=team_obj)]
+    return render(request, "evals/runs.html", {
+        "team": team_obj, "rows": rows, "form": form, "agents": agents,
+        "boards": selectors.leaderboard_boards(team=team_obj)}, status=400 if form.errors else 200)
+
+
+@login_required
+def agents(request: HttpRequest, team: str) -> HttpResponse:
+    team_obj = _team(request, team, manage=request.method == "POST")
+    form = AgentForm()
+    if request.method == "POST":
+        form = AgentForm(request.POST)
+        if form.is_valid():
+            try:
+                agent = services.agent_register(team=team_obj, **form.cleaned_data)
+            except ValidationError as exc:
+                form.add_error(None, exc)
+            else:
+                messages.success(request, f"Agent {agent.name} registered (AAP version 1).")
+                return redirect("evals:agents", team=team_obj.slug)
+    return render(request, "evals/agents.html", {"team": team_obj, "form": form,
+                                                 "agents": selectors.agents_of_team(team=team_obj)},
+                  status=400 if form.errors else 200)
+
+
+def _agent(team: Team, agent_id: int):
+    agent = selectors.agent_of_team(team=team, agent_id=agent_id)
+    if agent is None:
+        raise Http404("No such agent.")
+    return agent
+
+
+@login_required
+@require_POST
+def agent_ping_view(request: HttpRequest, team: str, agent_id: int) -> HttpResponse:
+    team_obj = _team(request, team)
+    agent = _agent(team_obj, agent_id)
+    try:
+        meta = services.agent_ping(agent=agent)
+    except ValidationError as exc:
+        messages.error(request, f"Ping of {agent.name} failed: {' '.join(exc.messages)}")
+    else:
+        messages.success(request, f"{agent.name} answered /meta: version {meta.get('version', '?')}.")
+    return redirect("evals:agents", team=team_obj.slug)
+
+
+@login_required
+@require_POST
+def agent_remove_view(request: HttpRequest, team: str, agent_id: int) -> HttpResponse:
+    team_obj = _team(request, team, manage=True)
+    agent = _agent(team_obj, agent_id)
+    services.agent_remove(agent=agent)
+    messages.success(request, f"Agent {agent.name} removed.")
+    return redirect("evals:agents", team=team_obj.slug)
+
+
+@login_required
+def run(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
+    team_obj = _team(request, team)
+    run_obj = _run(team_obj, run_id)
+    detail = selectors.run_detail(run=run_obj)
+    histogram = charts.histogram(selectors.reward_histogram(run=run_obj), title="Reward per episode",
+                                 x_label="Reward", y_label="Episodes (count)")
+    return render(request, "evals/run.html", {
+        "team": team_obj, "run": run_obj, "d": detail, "histogram": histogram,
+        "unscored": detail["total"] - detail["done"],
+        "slowest": selectors.slowest_episodes(run=run_obj), "failed": selectors.failed_episodes(run=run_obj)})
+
+
+@login_required
+def run_progress(request: HttpRequest, team: str, run_id: int) -> JsonResponse:
+    return JsonResponse(selectors.run_detail(run=_run(_team(request, team), run_id)))
+
+
+@login_required
+@require_POST
+def run_cancel(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
+    team_obj = _team(request, team)
+    try:
+        services.eval_run_cancel(run=_run(team_obj, run_id))
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    return redirect("evals:run", team=team_obj.slug, run_id=run_id)
+
+
+@login_required
+@require_POST
+def run_resume(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
+    team_obj = _team(request, team)
+    try:
+        services.eval_run_resume(run=_run(team_obj, run_id))
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    return redirect("evals:run", team=team_obj.slug, run_id=run_id)
+
+
+@login_required
+def leaderboard(request: HttpRequest, team: str, env_team: str, env_slug: str) -> HttpResponse:
+    team_obj = _team(request, team)
+    environment = (Environment.objects.filter(team__slug=env_team, slug=env_slug)
+                   .filter(visibility=Environment.Visibility.PUBLIC).first()
+                   or Environment.objects.filter(team=team_obj, team__slug=env_team, slug=env_slug).first())
+    if environment is None:
+        raise Http404("No such environment.")
+    splits = sorted({b["split"] for b in selectors.leaderboard_boards(team=team_obj)
+                     if b["environment_id"] == environment.id})
+    split = (request.GET.get("split") or (splits[0] if splits else "test"))[:100]
+    rows = selectors.leaderboard(team=team_obj, environment_id=environment.id, split=split)
+    return render(request, "evals/leaderboard.html", {
+        "team": team_obj, "environment": f"{env_team}/{env_slug}", "split": split, "splits": splits, "rows": rows})

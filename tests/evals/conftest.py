@@ -1,0 +1,116 @@
+"""The reference AAP agent server (tests/evals/aap_agent.py) in its own process, and helpers to
+register agents and wait for runs through the REST API."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from rest_framework.test import APIClient
+
+from tests.fixtures.server import ROOT, free_port
+
+AGENT_KEY = "agent-secret-key-5f2b"
+TERMINAL = ("finished", "cancelled", "failed")
+
+
+@dataclass
+class AgentServer:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.url}/_stats", timeout=5).json()
+
+    def reset(self) -> None:
+        httpx.post(f"{self.url}/_reset", timeout=5).raise_for_status()
+
+
+def start_agent_server(tmp: Path, api_key: str = AGENT_KEY) -> AgentServer:
+    port = free_port()
+    log = tmp / f"aap-agent-{port}.log"
+    process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "evals" / "aap_agent.py"), "--port", str(port),
+                                "--api-key", api_key], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    server = AgentServer(url=f"http://127.0.0.1:{port}", process=process, log=log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()
+        try:
+            if httpx.get(f"{server.url}/meta", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)  # polling interval while waiting on the readiness condition
+    process.kill()
+    raise RuntimeError(f"agent server did not start:\n{log.read_text()}")
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def agent_server(tmp_path_factory):
+    server = start_agent_server(tmp_path_factory.mktemp("aap"))
+    yield server
+    stop_process(server.process)
+
+
+@pytest.fixture
+def agents(agent_server, settings):
+    # Tests reach the agent on loopback; production refuses non-public hosts unless allowed.
+    settings.ORS_EVAL_AGENT_ALLOWED_HOSTS = ["127.0.0.1/32"]
+    agent_server.reset()
+    return agent_server
+
+
+def api(person) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_X_API_KEY=person.token)
+    return client
+
+
+def register(person, server: AgentServer, agent: str = "solver", stream: str = "none", **extra) -> dict:
+    body = {"name": f"{agent}-{stream}", "url": server.url, "api_key": AGENT_KEY, "agent": agent, "stream": stream,
+            **extra}
+    r = api(person).post("/api/v1/agents", body, format="json")
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def launch(person, agent_id: int, environment: str = "builtin/math", split: str = "test", start: int = 0,
+           stop: int = 6, **extra) -> dict:
+    body = {"agent": agent_id, "environment": environment, "split": split, "start": start, "stop": stop,
+            "concurrency": 4, "max_turns": 5, **extra}
+    r = api(person).post("/api/v1/eval-runs", body, format="json")
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def run_state(person, run_id: int) -> dict:
+    r = api(person).get(f"/api/v1/eval-runs/{run_id}")
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+def wait_run(person, run_id: int, *, until=lambda run: run["status"] in TERMINAL, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        run = run_state(person, run_id)
+        if until(run):
+            return run
+        brief = {k: v for k, v in run.items() if k != "episodes"}
+        assert time.monotonic() < deadline, f"run {run_id} did not get there: {brief}"
+        time.sleep(0.05)  # polling interval while waiting on the condition

@@ -1,0 +1,117 @@
+"""Evaluation runs end to end: the platform drives the reference AAP agent (a real HTTP/SSE server
+in its own process) over the bundled math tasks through the episode gateway."""
+
+from __future__ import annotations
+
+import pytest
+
+from orsplatform.episodes.models import Session, ToolCall
+from orsplatform.evals.models import EvalEpisode
+from tests.evals.aap_agent import expected_reward
+from tests.evals.conftest import api, launch, register, wait_run
+
+
+@pytest.mark.parametrize("stream", ["none", "message", "delta"])
+def test_per_task_rewards_equal_the_known_outcomes_in_every_stream_mode(owner, agents, stream):
+    agent = register(owner, agents, "solver", stream)
+    run = launch(owner, agent["id"], start=0, stop=12, concurrency=4)
+    assert run["status"] in ("queued", "running") and run["total"] == 12
+    run = wait_run(owner, run["id"])
+    assert run["status"] == "finished", run
+    expected = {i: expected_reward("test", i) for i in range(12)}
+    assert {e["task_index"]: e["reward"] for e in run["episodes"]} == expected
+    assert 0 < sum(expected.values()) < 12  # the agent passes some and fails others on purpose
+    assert run["done"] == 12 and run["passed"] == sum(expected.values())
+    assert run["mean_reward"] == pytest.approx(sum(expected.values()) / 12)
+    lo, hi = run["pass_rate_interval"]
+    assert lo < run["pass_rate"] < hi
+    assert all(e["stop_reason"] == "finished" and e["finished"] and e["error"] is None for e in run["episodes"])
+    assert run["input_tokens"] > 0 and run["output_tokens"] == 7 * 12 and run["turns"] == 12
+    # Recorded like any session: one AAP-protocol episode per task, its submit in the audit log.
+    sessions = Session.objects.filter(sid__in=[e["sid"] for e in run["episodes"]])
+    assert sessions.count() == 12
+    assert set(sessions.values_list("protocol", "status").distinct()) == {("aap", "deleted")}
+    assert ToolCall.objects.filter(session__in=sessions, name="submit").count() == 12
+    # Every agent session was deleted, every ORS episode ended.
+    stats = agents.stats()
+    assert stats["created"] == stats["deleted"] == 12 and stats["open"] == 0
+    # The agent's text and tool calls are kept with the episode.
+    transcript = EvalEpisode.objects.get(run_id=run["id"], task_index=0).transcript
+    kinds = [t["kind"] for t in transcript]
+    assert kinds == ["assistant", "tool"]
+    assert any(b["type"] == "text" and b["text"].startswith("My answer is") for b in transcript[0]["blocks"])
+    assert transcript[1]["name"] == "submit" and transcript[1]["reward"] == 1.0
+
+
+def test_the_agent_key_is_sent_as_a_bearer_token_and_never_shown(owner, agents):
+    agent = register(owner, agents, "solver", "message")
+    assert "api_key" not in agent and agent["has_api_key"] is True
+    listed = api(owner).get("/api/v1/agents").json()["agents"]
+    assert "agent-secret-key" not in str(listed)
+    assert listed[0]["capabilities"]["stream"] == {"delta": {}, "message": {}, "none": {}}
+    run = wait_run(owner, launch(owner, agent["id"], stop=2)["id"])
+    assert run["status"] == "finished" and run["done"] == 2
+    assert "Bearer agent-secret-key-5f2b" in agents.stats()["auth"]
+
+
+@pytest.mark.parametrize(("agent_name", "stream", "stop_reason", "error"), [
+    ("http500", "none", "error", "Agent answered HTTP 500: the agent exploded"),
+    ("http500", "delta", "error", "Agent answered HTTP 500: the agent exploded"),
+    ("malformed", "none", "error", "Malformed reply: not JSON"),
+    ("malformed", "message", "error", "Malformed SSE: 'text' data is not JSON"),
+    ("truncated", "delta", "error", "Malformed SSE: the stream ended without turn_stop"),
+    ("truncated", "none", "error", "Malformed reply: not JSON"),
+    ("endless", "delta", "error", "Agent timed out: the turn did not end within 1.5 s"),
+    ("endless", "none", "error", "Agent timed out"),
+    ("slow", "message", "error", "Agent timed out"),
+    ("looper", "message", "max_turns", "The agent did not finish the episode within 3 turns."),
+    ("silent", "none", "end_turn", None),
+])
+def test_a_misbehaving_agent_scores_failed_with_its_reason_and_the_run_goes_on(
+        owner, agents, agent_name, stream, stop_reason, error):
+    agent = register(owner, agents, agent_name, stream)
+    run = wait_run(owner, launch(owner, agent["id"], stop=3, max_turns=3, turn_timeout=1.5)["id"])
+    assert run["status"] == "finished" and run["done"] == 3 and run["passed"] == 0, run
+    for episode in run["episodes"]:
+        assert episode["stop_reason"] == stop_reason and episode["reward"] == 0.0
+        assert (episode["error"] or None) == error if error is None else episode["error"].startswith(error), episode
+    assert Session.objects.filter(sid__in=[e["sid"] for e in run["episodes"]]).exclude(status="deleted").count() == 0
+
+
+def test_an_untrusted_server_side_tool_is_denied_in_one_turn_with_the_results(owner, agents):
+    agent = register(owner, agents, "asker", "message")
+    run = wait_run(owner, launch(owner, agent["id"], stop=2)["id"])
+    assert run["status"] == "finished" and run["passed"] == 2
+    permissions = agents.stats()["permissions"]
+    assert len(permissions) == 2 and all(p["granted"] is False and p["reason"] for p in permissions)
+    transcript = EvalEpisode.objects.get(run_id=run["id"], task_index=0).transcript
+    assert [t["kind"] for t in transcript] == ["assistant", "permission", "assistant", "tool"]
+
+
+def test_a_run_never_exceeds_its_concurrency(owner, agents):
+    agent = register(owner, agents, "solver", "delta")
+    run = wait_run(owner, launch(owner, agent["id"], stop=24, concurrency=3)["id"])
+    assert run["status"] == "finished" and run["done"] == 24
+    assert agents.stats()["max_open"] <= 3
+
+
+def test_the_teams_open_session_limit_applies_and_the_run_waits_for_slots(owner, agents):
+    owner.team.max_open_sessions = 2
+    owner.team.save()
+    agent = register(owner, agents, "solver", "none")
+    run = wait_run(owner, launch(owner, agent["id"], stop=16, concurrency=8)["id"])
+    assert run["status"] == "finished" and run["done"] == 16 and run["errors"] == 0, run
+    assert agents.stats()["max_open"] <= 2
+
+
+def test_secrets_reach_the_environment_and_are_stored_nowhere(owner, agents):
+    from orsplatform.evals.models import EvalRun
+
+    agent = register(owner, agents, "solver", "message")
+    run = wait_run(owner, launch(owner, agent["id"], stop=2, secrets={"TOKEN": "s3cr3t-value-1234"})["id"])
+    assert run["status"] == "finished"
+    calls = ToolCall.objects.filter(session__sid__in=[e["sid"] for e in run["episodes"]])
+    assert [c.output["output"]["metadata"]["secrets_seen"] for c in calls] == [["TOKEN"], ["TOKEN"]]
+    assert EvalRun.objects.get(id=run["id"]).secrets_encrypted == ""  # wiped when the run ended
+    stored = str(list(EvalEpisode.objects.filter(run_id=run["id"]).values())) + str(list(calls.values()))
+    assert "s3cr3t-value-1234" not in stored
