@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_GET
 
 from orsplatform.catalog.models import Environment
@@ -41,6 +41,14 @@ def _base(request: HttpRequest, viewer: selectors.Viewer, environment: Environme
         "analytics_url": reverse("analytics:environment", args=[sessions_team.slug, environment.team.slug,
                                                               environment.slug]) if sessions_team else None,
     }
+
+
+def task_url(environment: Environment, split: str, index: int) -> str | None:
+    """A task's page; None for a split name no URL can carry (sessions may name any split)."""
+    try:
+        return reverse("hub:task", args=[environment.team.slug, environment.slug, split, index])
+    except NoReverseMatch:
+        return None
 
 
 def sessions_url(team, environment: Environment, split: str, index: int) -> str:
@@ -122,7 +130,7 @@ def tasks(request: HttpRequest, team: str, env: str) -> HttpResponse:
                                      indices=[t["index"] for t in page.object_list])
         for t in page.object_list:
             rows.append({**t, "text": task_text(t["spec"]), "stats": stats.get(t["index"]),
-                         "url": reverse("hub:task", args=[team, env, split.name, t["index"]]),
+                         "url": task_url(environment, split.name, t["index"]),
                          "sessions_url": sessions_url(context["sessions_team"], environment, split.name, t["index"])
                          if context["sessions_team"] else None})
     return render(request, "hub/tasks.html", {
