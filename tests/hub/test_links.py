@@ -39,3 +39,31 @@ def test_every_page_uses_the_site_template_and_its_one_stylesheet(hub, owner):
         assert "<style" not in page and 'header class="site"' in page, url
     login_page = Client().get("/accounts/login/").content.decode()
     assert "/static/hub/site.css" in login_page and 'for="id_password"' in login_page
+
+
+def _unlabelled(html: str) -> list[str]:
+    from html.parser import HTMLParser
+
+    fields: list[dict] = []
+    labels: set[str] = set()
+
+    class Collect(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "label" and a.get("for"):
+                labels.add(a["for"])
+            elif tag in ("input", "select", "textarea") and a.get("type") not in ("hidden", "submit", "button"):
+                fields.append(a)
+
+    Collect().feed(html)
+    return [f.get("name", "?") for f in fields if f.get("id") not in labels and not f.get("aria-label")]
+
+
+def test_every_form_field_has_a_label(hub, owner):
+    client = login(owner)
+    urls = ["/environments/", "/environments/acme/quiz/tasks/", "/environments/acme/quiz/versions/",
+            "/environments/acme/quiz/diff/?a=1&b=2", "/console/acme/", "/console/acme/environments/",
+            "/analytics/acme/", "/analytics/acme/sessions/", "/analytics/acme/environments/acme/quiz/"]
+    for url in urls:
+        assert _unlabelled(client.get(url).content.decode()) == [], url
+    assert _unlabelled(Client().get("/accounts/login/").content.decode()) == []
