@@ -325,11 +325,20 @@ def parse_sort(params: Mapping[str, str]) -> str:
     return raw
 
 
+NULLABLE_SORT_FIELDS = {"task_index", "api_key__name", "total_reward"}
+
+
 def sort_order(sort: str) -> list:
-    """ORDER BY terms for a sort key; empty values go last either way, and newest first breaks ties."""
+    """ORDER BY terms for a sort key; newest first breaks ties. Only columns that can be empty say
+    where empties go: an explicit NULLS LAST on created_at would stop PostgreSQL from reading the
+    (team, created_at) index backwards for the default newest-first page."""
     descending = sort.startswith("-")
-    fields = SORTS[sort.lstrip("-")]
-    terms = [F(f).desc(nulls_last=True) if descending else F(f).asc(nulls_last=True) for f in fields]
+    terms = []
+    for f in SORTS[sort.lstrip("-")]:
+        if f in NULLABLE_SORT_FIELDS:
+            terms.append(F(f).desc(nulls_last=True) if descending else F(f).asc(nulls_last=True))
+        else:
+            terms.append(F(f).desc() if descending else F(f).asc())
     return [*terms, F("created_at").desc(), F("id").desc()]
 
 

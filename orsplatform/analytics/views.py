@@ -10,7 +10,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 
 from orsplatform.analytics import charts, export, selectors
 from orsplatform.analytics.filters import (
@@ -48,6 +48,14 @@ def _range_context(request: HttpRequest, window, *, action: str = "") -> dict[st
         "window_qs": urlencode(window.query()) if window is not None else "",
         "range_action": action,
     }
+
+
+def _task_page(env, split: str, index: int) -> str | None:
+    """The task's environment page; None for a split name no URL can carry (sessions may name any)."""
+    try:
+        return reverse("hub:task", args=[env.team.slug, env.slug, split, index])
+    except NoReverseMatch:
+        return None
 
 
 def _team(request: HttpRequest, slug: str) -> Team:
@@ -135,8 +143,7 @@ def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -
     explorer = reverse("analytics:sessions", args=[team_obj.slug])
     for row in (*data["hardest_tasks"], *data["easiest_tasks"]):
         row["sessions_url"] = explorer + "?" + urlencode({**explore, "split": row["split"], "task": row["task_index"]})
-        row["task_url"] = (reverse("hub:task", args=[env.team.slug, env.slug, row["split"], row["task_index"]])
-                           if row["split"] and "/" not in row["split"] else None)
+        row["task_url"] = _task_page(env, row["split"], row["task_index"])
     # Tools and splits are tables only: a bar chart beside them would repeat the same numbers.
     context.update({
         "data": data,

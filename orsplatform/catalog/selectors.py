@@ -158,6 +158,15 @@ def environments_of_team(*, team) -> list[Environment]:
                 .prefetch_related("versions", "task_splits").order_by("slug"))
 
 
+def environments_of_team_page(*, team, page: int | str, per_page: int = 20):
+    """One page of the team's environments; versions and splits are fetched for that page only."""
+    from django.core.paginator import Paginator
+
+    qs = (Environment.objects.filter(team=team).select_related("team", "current_version")
+          .prefetch_related("versions", "task_splits").order_by("slug"))
+    return Paginator(qs, per_page).get_page(page)
+
+
 def versions_of(*, environment: Environment) -> list[EnvironmentVersion]:
     return list(environment.versions.select_related("created_by").order_by("-number"))
 

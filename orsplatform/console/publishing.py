@@ -70,9 +70,10 @@ def _team(request: HttpRequest, slug: str, *, write: bool = False) -> tuple[Team
 
 def _page(request: HttpRequest, team: Team, role: str, publisher: bool, *, package_form=None, task_form=None,
           failure: PublishError | None = None, status: int = 200) -> HttpResponse:
+    page = catalog.environments_of_team_page(team=team, page=request.GET.get("page") or 1)
     return render(request, "console/environments.html", {
         "team": team, "role": role, "can_publish": publisher,
-        "environments": catalog.environments_of_team(team=team),
+        "environments": page.object_list, "page": page,
         "jobs": catalog.ingest_jobs_of_team(team=team, limit=10),
         "package_form": package_form or PackageForm(), "task_form": task_form or TaskFileForm(team=team),
         "failure": failure,

@@ -8,15 +8,17 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.urls import reverse
-from django.views.decorators.http import require_GET
+from django.shortcuts import redirect, render
+from django.urls import NoReverseMatch, reverse
+from django.views.decorators.http import require_GET, require_POST
 
 from orsplatform.catalog.models import Environment
 from orsplatform.catalog.selectors import task_text
 from orsplatform.hub import selectors
 from orsplatform.hub.diff import version_diff
+from orsplatform.hub.services import task_prompt_cached, task_prompt_render
 
 MAX_QUERY = 100
 
@@ -41,6 +43,14 @@ def _base(request: HttpRequest, viewer: selectors.Viewer, environment: Environme
         "analytics_url": reverse("analytics:environment", args=[sessions_team.slug, environment.team.slug,
                                                               environment.slug]) if sessions_team else None,
     }
+
+
+def task_url(environment: Environment, split: str, index: int) -> str | None:
+    """A task's page; None for a split name no URL can carry (sessions may name any split)."""
+    try:
+        return reverse("hub:task", args=[environment.team.slug, environment.slug, split, index])
+    except NoReverseMatch:
+        return None
 
 
 def sessions_url(team, environment: Environment, split: str, index: int) -> str:
@@ -122,7 +132,7 @@ def tasks(request: HttpRequest, team: str, env: str) -> HttpResponse:
                                      indices=[t["index"] for t in page.object_list])
         for t in page.object_list:
             rows.append({**t, "text": task_text(t["spec"]), "stats": stats.get(t["index"]),
-                         "url": reverse("hub:task", args=[team, env, split.name, t["index"]]),
+                         "url": task_url(environment, split.name, t["index"]),
                          "sessions_url": sessions_url(context["sessions_team"], environment, split.name, t["index"])
                          if context["sessions_team"] else None})
     return render(request, "hub/tasks.html", {
@@ -144,10 +154,26 @@ def task(request: HttpRequest, team: str, env: str, split: str, index: int) -> H
         **context, "split": split_obj, "task": row, "text": task_text(row.spec, limit=2000),
         "spec": json.dumps(row.spec, indent=2, sort_keys=True, ensure_ascii=False), "stats": stats,
         "prompt": selectors.task_recorded_prompt(viewer=viewer, environment=environment, split=split, index=index),
+        "rendered": task_prompt_cached(version=environment.current_version, spec=row.spec)
+        if environment.current_version else None,
         "sessions_url": sessions_url(context["sessions_team"], environment, split, index)
         if context["sessions_team"] else None,
         "previous": index - 1 if index > 0 else None, "next": index + 1 if index + 1 < split_obj.num_tasks else None,
     })
+
+
+@login_required
+@require_POST
+def task_prompt(request: HttpRequest, team: str, env: str, split: str, index: int) -> HttpResponse:
+    """Render the task's prompt with the current version's code (a click, never a page view: it runs
+    tenant code in a child process). Signed-in viewers only, and cached per version and task."""
+    _, environment = _environment(request, team, env)
+    split_obj = selectors.split_of(environment=environment, name=split)
+    row = selectors.task_of(split=split_obj, index=index) if split_obj else None
+    if row is None or environment.current_version is None:
+        raise Http404("No such task.")
+    task_prompt_render(version=environment.current_version, spec=row.spec)
+    return redirect(reverse("hub:task", args=[team, env, split, index]) + "#rendered-prompt")
 
 
 @require_GET

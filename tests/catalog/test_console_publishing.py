@@ -157,3 +157,18 @@ def test_an_outsider_cannot_see_or_publish_into_another_team(owner, outsider):
     response = upload_tasks(other, "globex", quiz, "train", "t.jsonl", '{"question": "a"}\n')
     assert response.status_code == 400 and IngestJob.objects.count() == 1
     assert not Environment.objects.filter(slug="echo").exists()
+
+
+def test_the_environments_page_is_paginated(owner):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    for i in range(25):
+        Environment.objects.create(team=owner.team, slug=f"env-{i:02d}")
+    client = Client()
+    client.force_login(get_user_model().objects.get(username=owner.username))
+    first = client.get("/console/acme/environments/").content.decode()
+    second = client.get("/console/acme/environments/?page=2").content.decode()
+    assert "Page 1 of 2" in first and 'href="/environments/acme/env-00/"' in first
+    assert 'href="/environments/acme/env-19/"' in first and 'href="/environments/acme/env-20/"' not in first
+    assert 'href="/environments/acme/env-20/"' in second and 'href="/environments/acme/env-00/"' not in second

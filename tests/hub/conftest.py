@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.test import Client
 from django.utils import timezone
 
@@ -56,6 +57,7 @@ def write_package(root: Path, *, version: str, readme: str, name: str, visibilit
 @pytest.fixture
 def hub(owner, member, outsider, settings, tmp_path) -> Hub:
     settings.ORS_PACKAGE_DIR = tmp_path / "packages"
+    cache.clear()  # READMEs, file lists and prompts are cached by content hash, which repeats across tests
     user = get_user_model().objects.get(username=owner.username)
     pkg = write_package(tmp_path / "quiz", version="one", readme=HOSTILE_README, name="quiz", visibility="private")
     environment_publish(team=owner.team, source_dir=pkg, created_by=user)

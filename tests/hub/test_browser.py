@@ -97,6 +97,9 @@ def test_a_newcomer_signs_in_from_what_make_run_prints_and_explores_an_environme
     wait_for(browser, By.ID, "task-spec")
     assert "trainword2" in browser.find_element(By.ID, "task-spec").text
     assert "Say trainword2 (two)" in browser.find_element(By.ID, "task-prompt").text
+    browser.find_element(By.CSS_SELECTOR, "#render-form button[type=submit]").click()
+    rendered = wait_for(browser, By.ID, "task-rendered-prompt", seconds=30)
+    assert "Say trainword2 (two)" in rendered.text
     screenshot(browser, "06-task")
 
     browser.find_element(By.ID, "tab-versions").click()

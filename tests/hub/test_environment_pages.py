@@ -154,3 +154,41 @@ def test_the_home_page_uses_the_site_template_and_links_every_environment(hub):
     assert "/static/hub/site.css" in page and 'href="/environments/acme/echo/"' in page
     assert 'href="/environments/builtin/math/"' in page and "/environments/acme/quiz/" not in page
     assert 'id="home-login"' in page
+
+
+def test_a_signed_in_viewer_renders_a_tasks_prompt_without_setup_and_it_is_kept(hub, outsider):
+    client = login(outsider)
+    url = "/environments/acme/echo/tasks/train/1/"
+    assert 'id="render-form"' in client.get(url).content.decode()
+    response = client.post(url + "prompt")
+    assert response.status_code == 302 and response["Location"] == url + "#rendered-prompt"
+    page = client.get(url).content.decode()
+    assert "Say trainword1 (one)" in page and 'id="task-rendered-prompt"' in page
+    assert 'id="render-form"' not in page  # kept: nothing runs again
+
+
+def test_a_prompt_that_needs_setup_says_so(hub, owner, tmp_path):
+    from django.contrib.auth import get_user_model
+
+    from orsplatform.catalog.services import environment_publish
+    from tests.hub.conftest import write_package
+
+    pkg = write_package(tmp_path / "needy", version="one", readme="# Needy\n", name="needy", visibility="private")
+    source = (pkg / "env.py").read_text()
+    needs_setup = ("        return [TextBlock(text=self.loaded)]\n\n"
+                   "    def setup(self):\n"
+                   "        self.loaded = 'loaded in setup'")
+    source = source.replace("        return [TextBlock(text=f\"Say {self.task_spec['word']} ({VERSION})\")]", needs_setup)
+    assert "def setup(self)" in source
+    (pkg / "env.py").write_text(source)
+    environment_publish(team=owner.team, source_dir=pkg, created_by=get_user_model().objects.get(username="alice"))
+    client = login(owner)
+    client.post("/environments/acme/needy/tasks/train/0/prompt")
+    page = client.get("/environments/acme/needy/tasks/train/0/").content.decode()
+    assert 'id="render-failed"' in page and "AttributeError" in page and "loaded in setup" not in page
+
+
+def test_rendering_a_prompt_needs_a_signed_in_viewer_who_may_see_the_environment(hub, outsider):
+    assert Client().post("/environments/acme/echo/tasks/train/1/prompt").status_code == 302  # to the login page
+    assert login(outsider).post("/environments/acme/quiz/tasks/train/1/prompt").status_code == 404
+    assert login(outsider).get("/environments/acme/echo/tasks/train/1/prompt").status_code == 405
