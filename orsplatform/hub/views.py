@@ -92,6 +92,13 @@ def _snippets(request: HttpRequest, environment: Environment, split: str | None)
             f'task = env.list_tasks("{split}")[0]\n'
             "with env.session(task=task) as session:\n"
             "    print(session.get_prompt())\n")},
+        {"client": "OpenEnv (TRL)", "id": "openenv", "code": (
+            "from openenv.core.generic_client import GenericEnvClient\n\n"
+            f'env = GenericEnvClient(base_url="{base}/openenv/{name}",\n'
+            '                       headers={"X-API-Key": "ors_..."}).sync()\n'
+            "with env:\n"
+            f'    obs = env.reset(split="{split}", index=0).observation\n'
+            '    print(obs["metadata"]["prompt"])\n')},
         {"client": "curl", "id": "curl", "code": (
             f"B={base}\n"
             f"curl $B/{name}/tools\n"

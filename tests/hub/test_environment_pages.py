@@ -90,7 +90,7 @@ def test_the_environment_page_shows_tools_splits_and_a_snippet_per_client(hub, o
     assert "<code>say</code>" in page and "&quot;word&quot;" in page  # the input schema
     assert 'href="/environments/acme/quiz/tasks/?split=train"' in page
     for client in ('id="snippet-ors"', 'id="snippet-openreward"', 'client.environment(&quot;acme/quiz&quot;)',
-                   "OPENREWARD_SESSION_URL"):
+                   "OPENREWARD_SESSION_URL", 'id="snippet-openenv"', "/openenv/acme/quiz&quot;"):
         assert client in page
 
 
