@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.services import SessionTotals
 from orsplatform.ors.http import HttpError
-from orsplatform.runners.executor import RunnerLost, UnknownSession
+from orsplatform.runners.executor import RunnerLost, UnknownSession, WorkerLost
 
 
 @dataclass
@@ -86,4 +86,6 @@ def instance_gone(exc: UnknownSession) -> HttpError:
     """The answer when the executor no longer holds a session the gateway still knew."""
     if isinstance(exc, RunnerLost):
         return HttpError(410, "Session lost: the runner that held it stopped.")
+    if isinstance(exc, WorkerLost) and exc.reason:
+        return HttpError(410, f"Session lost: {exc.reason}")
     return HttpError(410, "Session was deleted.")

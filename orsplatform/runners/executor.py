@@ -56,6 +56,15 @@ class RunnerLost(UnknownSession):
     """The runner node holding the session stopped (celery executor)."""
 
 
+class WorkerLost(UnknownSession):
+    """The sandbox worker holding the session ended (a crash, os._exit, a limit, a tool killed
+    after its timeout); str(exc) says why and names the environment."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class RunnerUnavailable(Exception):
     """The session's runner did not answer within the bound (celery executor); worth a retry."""
 
