@@ -295,8 +295,10 @@ class Worker:
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(WorkerGone(self.dead))
             self._ready.exception()  # retrieved: spawn() reports it
-        if self._cgroup is not None and self._cgroup.remove():
-            self._cgroup = None  # else the janitor retries once the processes are gone
+        if self._cgroup is not None and not self._cgroup.remove():
+            # Its processes are still leaving it (the sandbox dies a moment after bubblewrap).
+            asyncio.get_running_loop().create_task(_remove_later(self._cgroup))
+        self._cgroup = None
 
     def kill(self, reason: str | None = None) -> None:
         if reason and not self.kill_reason:
@@ -347,6 +349,12 @@ class Worker:
 
     def overdue(self, now: float) -> bool:
         return any(deadline <= now for deadline in self._overdue.values())
+
+
+async def _remove_later(cgroup: _PidsCgroup, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cgroup.remove() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # polling: the kernel gives no event for an emptied cgroup v1
 
 
 def _consume(future: asyncio.Future) -> None:
@@ -416,15 +424,12 @@ class SandboxPool:
         for key, workers in list(self._workers.items()):
             for worker in workers:
                 if not worker.alive:
-                    if worker._cgroup is not None and worker._cgroup.remove():
-                        worker._cgroup = None
                     continue
                 if worker.overdue(now):
                     worker.kill(f"a tool call outlived its timeout by the {self.config.grace_seconds:g} s grace period")
                 elif worker.idle_since is not None and now - worker.idle_since > self.config.idle_seconds:
                     worker.kill("it was idle")
-            workers[:] = [w for w in workers if w.alive or w._cgroup is not None
-                          or w.proc is None or w.proc.returncode is None]
+            workers[:] = [w for w in workers if w.alive or w.proc is None or w.proc.returncode is None]
             lock = self._locks.get(key)
             if not workers and not (lock is not None and lock.locked()):
                 self._workers.pop(key, None)
@@ -444,4 +449,11 @@ class SandboxPool:
             with contextlib.suppress(TimeoutError, ProcessLookupError):
                 await asyncio.wait_for(worker.proc.wait(), max(0.05, deadline - time.monotonic()))
             worker.kill("the platform shut down")
+        for worker in self.workers():  # their cgroups go once their processes have
+            if worker._reader is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(worker._reader), 5)
+        pending = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_remove_later"]
+        if pending:
+            await asyncio.wait(pending, timeout=5)
         self._workers.clear()
