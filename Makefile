@@ -6,7 +6,8 @@ PORT ?= 8000
 HOST ?= 127.0.0.1
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install migrate publish devkey bench bench-postgres bench-executors worker runner lint clean up down
+.PHONY: run test install migrate publish devkey bench bench-postgres bench-executors worker runner lint clean up down \
+	sandbox-deps browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +16,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Debian packages beyond the virtualenv, installed only when missing (bin/system-deps): bubblewrap
+# for the tenant sandbox, and Debian's chromium with its driver for the browser tests.
+sandbox-deps:
+	@bin/system-deps sandbox
+
+browser-deps:
+	@bin/system-deps browser
 
 migrate: install
 	mkdir -p var
@@ -26,11 +35,11 @@ publish: migrate
 devkey: publish
 	@$(PY) manage.py dev_key
 
-run: publish devkey
+run: sandbox-deps publish devkey
 	$(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
 		--loop uvloop --http httptools --no-access-log --timeout-graceful-shutdown 5
 
-test: install
+test: install sandbox-deps browser-deps
 	$(PY) -m pytest
 
 bench: install
@@ -48,7 +57,7 @@ RUNNER ?= runner1
 worker: install
 	$(PY) -m celery -A orsplatform worker --beat --pool threads --concurrency 4 --loglevel info
 
-runner: install
+runner: install sandbox-deps
 	env -u DATABASE_URL -u SECRET_KEY $(PY) -m celery -A orsplatform.runners.node worker --pool threads \
 		--concurrency 8 --hostname $(RUNNER)@%h --without-mingle --without-gossip --loglevel info
 
@@ -58,9 +67,10 @@ lint: install
 up:
 	docker compose -f docker/compose.yml up --build
 
-# compose.yml requires SECRET_KEY even to stop the stack; any value does for `down`.
+# compose.yml requires its secrets even to stop the stack; any value does for `down`.
 down:
-	SECRET_KEY="$${SECRET_KEY:-unused}" docker compose -f docker/compose.yml down
+	SECRET_KEY="$${SECRET_KEY:-unused}" REDIS_PASSWORD="$${REDIS_PASSWORD:-unused}" \
+		RUNNER_REDIS_PASSWORD="$${RUNNER_REDIS_PASSWORD:-unused}" docker compose -f docker/compose.yml down
 
 clean:
 	rm -rf var .pytest_cache

@@ -48,6 +48,8 @@ except ImportError:  # pragma: no cover
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 TICKS = os.sysconf("SC_CLK_TCK")
+# Sandbox workers (and their bubblewrap parents), where environment code runs on both executors.
+SANDBOX_WORKERS = ("/ors/worker.py",)
 
 
 def cpu_seconds(*needles: str) -> float:
@@ -127,7 +129,8 @@ def bench_inline(database_url: str, load: LoadConfig, workdir: Path) -> dict[str
     with server_process("inline gateway", platform_command("uvicorn", port), env, url,
                         workdir / "inline.log", 60):
         return measure_with_cpu("platform, inline executor", url, key, load,
-                                {"gateways": (f"--port {port} ",), "redis": ("redis-server",)})
+                                {"gateways": (f"--port {port} ",), "workers": SANDBOX_WORKERS,
+                                 "redis": ("redis-server",)})
 
 
 def bench_celery(database_url: str, load: LoadConfig, workdir: Path, gateways: int, runners: int) -> dict[str, Any]:
@@ -148,12 +151,18 @@ def bench_celery(database_url: str, load: LoadConfig, workdir: Path, gateways: i
                                                    url, workdir / f"gateway{i}.log", 60))
                 urls.append(url)
             groups = {"gateways": tuple(f"--port {p} " for p in ports), "runners": (f"@{prefix} ",),
-                      "redis": ("redis-server",)}
+                      "workers": SANDBOX_WORKERS, "redis": ("redis-server",)}
             return measure_with_cpu(f"platform, celery executor ({gateways} gateways, {runners} runners)",
                                     ",".join(urls), key, load, groups)
     finally:
         for node in nodes:
             stop_process(node)
+
+
+def database() -> contextlib.AbstractContextManager[str]:
+    """DATABASE_URL when set (a database of one's own on a shared server), else a throwaway one."""
+    url = os.environ.get("DATABASE_URL", "")
+    return contextlib.nullcontext(url) if url.startswith("postgres") else postgres_database()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="orsbench-") as tmp:
         workdir = Path(tmp)
         results["reference"] = bench_reference(ROOT / "envs" / "math" / "env.py", load, workdir, 60)
-        with postgres_database() as database_url:
+        with database() as database_url:
             results["inline"] = bench_inline(database_url, load, workdir)
-        with postgres_database() as database_url:
+        with database() as database_url:
             results["celery"] = bench_celery(database_url, load, workdir, args.gateways, args.runners)
     for name, result in results.items():
         print(format_table(result, title=name))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from orsplatform.runners.sandbox.config import env_setting as sandbox_setting
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("ORS_VAR_DIR", BASE_DIR / "var"))
 
@@ -203,7 +205,28 @@ ORS_MAX_BODY_BYTES = env_int("ORS_MAX_BODY_BYTES", 10 * 1024 * 1024)
 ORS_PG_ASYNC_WRITES = env_bool("ORS_PG_ASYNC_WRITES", True)
 ORS_MAX_HEADER_BYTES = env_int("ORS_MAX_HEADER_BYTES", 16 * 1024)
 ORS_MAX_LIST_TASKS = env_int("ORS_MAX_LIST_TASKS", 100_000)
-ORS_TOOL_THREADS = env_int("ORS_TOOL_THREADS", 64)
+ORS_TOOL_THREADS = env_int("ORS_TOOL_THREADS", 64)  # per sandbox worker
+# Sandbox workers (runners/sandbox/): the defaults live in runners/sandbox/config.py so runner nodes,
+# which have no Django settings, read the same names with the same defaults.
+ORS_SANDBOX = sandbox_setting("ORS_SANDBOX")  # bwrap | none (tenants NOT isolated; said at every start)
+ORS_SANDBOX_BWRAP = sandbox_setting("ORS_SANDBOX_BWRAP")
+ORS_SANDBOX_ALLOW_NETWORK = sandbox_setting("ORS_SANDBOX_ALLOW_NETWORK")  # may a manifest ask for network?
+ORS_SANDBOX_SESSIONS_PER_WORKER = sandbox_setting("ORS_SANDBOX_SESSIONS_PER_WORKER")
+ORS_SANDBOX_MAX_WORKERS_PER_KEY = sandbox_setting("ORS_SANDBOX_MAX_WORKERS_PER_KEY")
+ORS_SANDBOX_IDLE_SECONDS = sandbox_setting("ORS_SANDBOX_IDLE_SECONDS")
+ORS_SANDBOX_GRACE_SECONDS = sandbox_setting("ORS_SANDBOX_GRACE_SECONDS")
+ORS_SANDBOX_START_SECONDS = sandbox_setting("ORS_SANDBOX_START_SECONDS")
+# A worker's limits: the manifest's [sandbox] requests up to the MAX_ values, else the defaults.
+ORS_SANDBOX_MEMORY_MB = sandbox_setting("ORS_SANDBOX_MEMORY_MB")
+ORS_SANDBOX_MAX_MEMORY_MB = sandbox_setting("ORS_SANDBOX_MAX_MEMORY_MB")
+ORS_SANDBOX_CPU_SECONDS = sandbox_setting("ORS_SANDBOX_CPU_SECONDS")
+ORS_SANDBOX_MAX_CPU_SECONDS = sandbox_setting("ORS_SANDBOX_MAX_CPU_SECONDS")
+ORS_SANDBOX_PROCESSES = sandbox_setting("ORS_SANDBOX_PROCESSES")
+ORS_SANDBOX_MAX_PROCESSES = sandbox_setting("ORS_SANDBOX_MAX_PROCESSES")
+ORS_SANDBOX_OPEN_FILES = sandbox_setting("ORS_SANDBOX_OPEN_FILES")
+ORS_SANDBOX_MAX_OPEN_FILES = sandbox_setting("ORS_SANDBOX_MAX_OPEN_FILES")
+ORS_SANDBOX_TMP_MB = sandbox_setting("ORS_SANDBOX_TMP_MB")
+ORS_SANDBOX_MAX_TMP_MB = sandbox_setting("ORS_SANDBOX_MAX_TMP_MB")
 ORS_DEFAULT_TOOL_TIMEOUT_SECONDS = env_float("ORS_DEFAULT_TOOL_TIMEOUT_SECONDS", 600.0)
 # Environment used by clients that name none (ors.client's split+index form); "team/slug".
 ORS_DEFAULT_ENVIRONMENT = os.environ.get("ORS_DEFAULT_ENVIRONMENT", "builtin/math")

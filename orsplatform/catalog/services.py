@@ -27,6 +27,8 @@ from django.utils import timezone
 from orsplatform.catalog import ingest, packages
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
+from orsplatform.runners.sandbox.config import SandboxConfig
+from orsplatform.runners.sandbox.inspect import inspector_command
 from orsplatform.teams.models import Team
 from orsplatform.teams.services import validate_slug
 
@@ -184,6 +186,12 @@ def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None
     if sample is not None:
         (work / "sample.json").write_text(json.dumps(sample))
         cmd.append(str(work / "sample.json"))
+    sandbox = SandboxConfig.from_django(threads=1)
+    if sandbox.isolated:  # the same sandbox as the workers: no settings, database or /proc of ours
+        cmd = inspector_command(sandbox, package_dir=package_dir, entrypoint=entrypoint, work=work,
+                                sample=work / "sample.json" if sample is not None else None,
+                                memory_bytes=settings.ORS_INSPECT_MEMORY_BYTES,
+                                file_bytes=settings.ORS_INSPECT_FILE_BYTES)
     timeout = settings.ORS_INSPECT_TIMEOUT_SECONDS
     # Files, not pipes: a forked child that outlives the inspector would hold a pipe open forever.
     with (work / "stdout.log").open("wb") as out, (work / "stderr.log").open("wb") as err:

@@ -159,6 +159,7 @@ class EpisodeGateway:
             await self.executor.start(SessionSpec(
                 sid=sid, package_path=env.package_path, entrypoint=env.entrypoint, task_spec=task_spec,
                 secrets=secrets, owner={"pk": pk, "team": caller.team_id, "version": env.version_id,
+                                        "env": f"{env.full_name}@{env.version_number}",
                                         "slot": holds_slot}), runner)
         except Exception as exc:
             # The runner could not be reached: undo, so a retry of this create with the same id works.

@@ -14,7 +14,7 @@ import orjson
 from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.services import SessionTotals
 from orsplatform.gateway.errors import GatewayError
-from orsplatform.runners.executor import RunnerLost, UnknownSession
+from orsplatform.runners.executor import RunnerLost, UnknownSession, WorkerLost
 
 
 @dataclass
@@ -113,4 +113,6 @@ def instance_gone(exc: UnknownSession) -> GatewayError:
     """The answer when the executor no longer holds a session the gateway still knew."""
     if isinstance(exc, RunnerLost):
         return GatewayError(410, "Session lost: the runner that held it stopped.")
+    if isinstance(exc, WorkerLost) and exc.reason:
+        return GatewayError(410, f"Session lost: {exc.reason}")
     return GatewayError(410, "Session was deleted.")

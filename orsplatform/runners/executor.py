@@ -60,6 +60,15 @@ class NoRunnerAvailable(Exception):
     """No live runner node can take a new session (celery executor); worth a retry."""
 
 
+class WorkerLost(UnknownSession):
+    """The sandbox worker holding the session ended (a crash, os._exit, a limit, a tool killed
+    after its timeout); str(exc) says why and names the environment."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class RunnerUnavailable(Exception):
     """The session's runner did not answer within the bound (celery executor); worth a retry."""
 

@@ -84,3 +84,32 @@ def live_runner_names(client: Any, keys: Keys, ttl: float) -> list[str]:
 
 def decode(raw: bytes | None) -> dict | None:
     return json.loads(raw) if raw else None
+
+
+def runner_acl_rules(prefix: str, password: str) -> list[str]:
+    """Redis ACL rules (ACL SETUSER <name> ...) for the runner nodes' own user: what a node's Celery
+    consumer and its replies need, and no more. No MONITOR, KEYS, SCAN, FLUSH*, CONFIG or ACL; session
+    records and call results are write-only (a node cannot read another node's sessions or results);
+    only the platform's channels. Queues are per node (`<hostname>.dq2`), which one ACL user for all
+    nodes cannot tell apart: a node can still read another node's queue, whose setup messages carry
+    secrets only sealed to their node (sealing.py)."""
+    return [
+        "reset", "on", f">{password}", "resetkeys", "resetchannels", "-@all",
+        # connection and transactions (pipelines), the broker's list and set operations, replies
+        "+ping", "+echo", "+select", "+hello", "+auth", "+client|setname", "+client|id",
+        "+multi", "+exec", "+discard", "+watch", "+unwatch",
+        # kombu's Lua scripts: what they run is checked against the same key rules
+        "+eval", "+evalsha", "+script|load", "+script|exists", "+time",
+        "+brpop", "+lpush", "+rpush", "+lpop", "+rpop", "+llen", "+lrange",
+        "+sadd", "+smembers", "+srem", "+sismember", "+scard",
+        "+get", "+set", "+del", "+unlink", "+expire", "+pexpire", "+exists", "+mget",
+        "+zadd", "+zrem", "+zremrangebyscore", "+zrangebyscore",
+        "+publish", "+subscribe", "+unsubscribe", "+psubscribe", "+punsubscribe",
+        f"~{prefix}:runner:*", f"~{prefix}:runners",
+        f"%W~{prefix}:state:*", f"%W~{prefix}:result:*",
+        # kombu suffixes priority queues: "<queue>\x06\x16<priority>" (and "<queue><n>")
+        "~*.dq2*", "~_kombu.binding*", "~ors-runners-unused*", "~*.celery.pidbox*",
+        f"&{prefix}:gw:*", f"&{prefix}:sessions",
+        # remote control's fanout, which kombu PSUBSCRIBEs to: ACLs match a pattern literally
+        *(f"&/{db}.celery.pidbox" for db in range(16)),
+    ]

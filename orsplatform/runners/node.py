@@ -35,10 +35,11 @@ import redis
 from celery import Celery, bootsteps
 from celery.signals import worker_ready, worker_shutdown
 
-from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession
+from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession, WorkerLost
 from orsplatform.runners.inline import InlineExecutor
 from orsplatform.runners.keys import GONE_RECORD, INLINE_PAYLOAD_BYTES, Keys, runner_identity
 from orsplatform.runners.redact import redact, secret_values
+from orsplatform.runners.sealing import NodeKey, SealError
 
 log = logging.getLogger("orsplatform.runner")
 
@@ -77,14 +78,34 @@ class Node:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="ors-runner-loop", daemon=True)
         self.thread.start()
-        self.executor = InlineExecutor(threads=int(os.environ.get("ORS_TOOL_THREADS", "64")))
+        self.executor = InlineExecutor(threads=int(os.environ.get("ORS_TOOL_THREADS", "64")),
+                                       on_lost=self.sessions_lost)
         self.sessions: set[str] = set()
         self.seen_calls: OrderedDict[str, None] = OrderedDict()  # task ids, oldest first
         self.hostname = ""
         # This start of the node (see keys.runner_identity): sessions placed here record it.
         self.boot = os.urandom(4).hex()
         self.identity = ""
+        # Secrets arrive sealed to this start of the node (sealing.py); the private half never
+        # leaves this process's memory.
+        self.key = NodeKey()
         self._stop = threading.Event()
+
+    def sessions_lost(self, sids: list[str], reason: str) -> None:
+        """A sandbox worker ended with these sessions in it: their records say so (with the
+        reason, which names the environment), so every gateway answers 410 for them."""
+        lost = [sid for sid in sids if sid in self.sessions]
+        if not lost:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for sid in lost:
+            message = {"kind": "state", "sid": sid, "state": "lost", "error": reason}
+            pipe.set(KEYS.state(sid), orjson.dumps({"state": "lost", "error": reason}), ex=STATE_TTL)
+            pipe.publish(KEYS.sessions, encode(message))
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("could not record %d lost sessions: %s", len(lost), exc)
 
     def submit(self, coro) -> None:
         asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -98,7 +119,7 @@ class Node:
             try:
                 now = time.time()
                 payload = json.dumps({"boot": self.boot, "sessions": len(self.sessions), "at": now,
-                                      "pid": os.getpid(), "team": TEAM})
+                                      "pid": os.getpid(), "team": TEAM, "key": self.key.public})
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.set(KEYS.runner(self.hostname), payload, px=int(HEARTBEAT_TTL * 1000))
                 pipe.zadd(KEYS.runners, {self.hostname: now})
@@ -192,6 +213,14 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
         await node.executor.stop(spec.sid)
 
 
+async def _setup_refused(sid: str, gateway: str, owner: dict, error: str) -> None:
+    state = {**owner, "state": "failed", "error": error}
+    pipe = node.redis.pipeline(transaction=False)
+    pipe.set(KEYS.state(sid), orjson.dumps(state), ex=STATE_TTL)
+    pipe.publish(KEYS.sessions, encode({"kind": "state", "sid": sid, **state}))
+    pipe.execute()
+
+
 async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:
     started = time.time()
     try:
@@ -201,6 +230,8 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
             payload["audit"] = outcome.audit  # the result with the session's secret values removed
         if outcome.audit_input is not None:
             payload["audit_input"] = outcome.audit_input  # and the input
+    except WorkerLost as exc:
+        payload = {"result": None, "exception": str(exc)}
     except UnknownSession:
         payload = {"result": None, "exception": "Session lost: this runner does not hold it."}
     payload.update(started_at=started, finished_at=time.time())
@@ -225,6 +256,8 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
 async def _reply(gateway: str, request_id: str, fn) -> None:
     try:
         message = {"kind": "reply", "request": request_id, "ok": True, "value": await fn()}
+    except WorkerLost as exc:
+        message = {"kind": "reply", "request": request_id, "ok": False, "error": "lost", "reason": str(exc)}
     except UnknownSession:
         message = {"kind": "reply", "request": request_id, "ok": False, "error": "unknown_session"}
     except Exception as exc:  # the environment's code failed
@@ -273,8 +306,14 @@ def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets:
         # Queued for an earlier start of this node, whose sessions are lost: never resurrect one.
         log.warning("dropping setup of %s, placed on %s (this is %s)", sid, placed_on, node.identity)
         return
+    try:
+        opened = node.key.open(secrets or {}, sid)
+    except SealError as exc:
+        log.warning("dropping setup of %s: %s", sid, exc)
+        node.submit(_setup_refused(sid, gateway, owner or {}, str(exc)))
+        return
     spec = SessionSpec(sid=sid, package_path=package_path, entrypoint=entrypoint, task_spec=task_spec,
-                       secrets=secrets)
+                       secrets=opened, owner=owner or {})
     node.submit(_setup(spec, gateway, owner or {}))
 
 

@@ -34,6 +34,7 @@ from orsplatform.runners.executor import (
     SetupFailed,
     SetupPending,
     UnknownSession,
+    WorkerLost,
 )
 from orsplatform.runners.keys import (
     GONE_RECORD,
@@ -43,6 +44,7 @@ from orsplatform.runners.keys import (
     runner_hostname,
     runner_identity,
 )
+from orsplatform.runners.sealing import seal
 
 log = logging.getLogger(__name__)
 FORGET_BATCH_SECONDS = 0.05
@@ -86,6 +88,8 @@ class CeleryExecutor(Executor):
         self._wakeups: dict[str, set[asyncio.Event]] = {}  # sid or task_id -> its waiters' events
         self._replies: dict[str, asyncio.Future] = {}
         self._runner_cache: tuple[float, list[tuple[str, int, str]]] = (0.0, [])
+        # Runner identity -> the public key its heartbeat announced (secrets are sealed to it).
+        self._node_keys: dict[str, str] = {}
         self._listener: asyncio.Task | None = None
         self._missing_since: dict[str, float] = {}
         self._ready: set[str] = set()  # sessions seen ready: no more state reads for them
@@ -139,6 +143,8 @@ class CeleryExecutor(Executor):
         if kind == "state":
             sid = message.get("sid", "")
             self._remember(sid, message)
+            if message.get("state") == "lost":
+                self._ready.discard(sid)  # wait_ready reads the record again: 410 with the reason
             waiters = self._wakeups.get(sid, ())
         else:
             key = message.get("task_id", "")
@@ -191,8 +197,10 @@ class CeleryExecutor(Executor):
         for name, value in zip(names, values, strict=True):
             if value:  # the index lags the heartbeat's TTL; the key is the truth
                 beat = json.loads(value)
-                runners.append((runner_identity(name, beat.get("boot", "")), int(beat.get("sessions", 0)),
-                                beat.get("team", "")))
+                identity = runner_identity(name, beat.get("boot", ""))
+                runners.append((identity, int(beat.get("sessions", 0)), beat.get("team", "")))
+                if beat.get("key"):
+                    self._node_keys[identity] = beat["key"]
         self._runner_cache = (time.monotonic(), runners)
         return runners
 
@@ -242,6 +250,7 @@ class CeleryExecutor(Executor):
         runner = runner or await self.place()
         self._runners[spec.sid] = runner
         owner = {**spec.owner, "runner": runner}
+        sealed = await self._sealed(runner, spec)
         self._remember(spec.sid, {"state": "starting", **owner})
         # The record first, then the work, in one round trip: another gateway can serve the
         # session from the record while setup runs.
@@ -249,12 +258,26 @@ class CeleryExecutor(Executor):
         pipe.set(self.keys.state(spec.sid), json.dumps({"state": "starting", **owner}),
                  ex=int(settings.ORS_STATE_TTL_SECONDS))
         pipe.lpush(*self._message("ors.runner.setup", runner, spec.sid, spec.package_path, spec.entrypoint,
-                                  spec.task_spec, dict(spec.secrets), self.gateway, owner))
+                                  spec.task_spec, sealed, self.gateway, owner))
         try:
             await pipe.execute()
         except BaseException:
             self.detach(spec.sid)  # the /create fails (503) and may be retried from scratch
             raise
+
+    async def _sealed(self, runner: str, spec: SessionSpec) -> dict:
+        """The session's secrets sealed to the node that will run it: the setup message waits in a
+        Redis list, which is no place for secrets in clear."""
+        if not spec.secrets:
+            return {}
+        key = self._node_keys.get(runner)
+        if key is None:
+            beat = decode(await self.redis.get(self.keys.runner(runner_hostname(runner)))) or {}
+            if runner_identity(runner_hostname(runner), beat.get("boot", "")) == runner and beat.get("key"):
+                key = self._node_keys[runner] = beat["key"]
+        if key is None:
+            raise NoRunnerAvailable(f"Runner {runner} announces no key to seal the session's secrets to.")
+        return seal(key, dict(spec.secrets), spec.sid)
 
     async def _state(self, sid: str) -> dict | None:
         record = decode(await self.redis.get(self.keys.state(sid)))
@@ -296,6 +319,8 @@ class CeleryExecutor(Executor):
                         return
                     if state["state"] == "failed":
                         raise SetupFailed(state.get("error", "setup failed"))
+                    if state["state"] == "lost":  # its sandbox worker ended (node.sessions_lost)
+                        raise WorkerLost(state.get("error", ""))
                     raise UnknownSession(sid)
                 if polled and not await self.runner_alive(runner):  # checked when a wait came up empty
                     raise RunnerLost(sid)
@@ -335,6 +360,8 @@ class CeleryExecutor(Executor):
             return message["value"]
         if message["error"] == "unknown_session":
             raise UnknownSession(sid)
+        if message["error"] == "lost":
+            raise WorkerLost(message.get("reason", ""))
         raise RuntimeError(message["error"])
 
     async def prompt(self, sid: str) -> list[dict]:

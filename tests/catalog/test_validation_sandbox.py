@@ -4,7 +4,10 @@ published, and the platform keeps serving."""
 
 from __future__ import annotations
 
+import secrets
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -12,7 +15,7 @@ from django.test import Client
 
 from orsplatform.catalog.models import Environment
 from tests.catalog.conftest import stored_packages
-from tests.catalog.support import env_with, pid_alive, publish, wait_until
+from tests.catalog.support import env_with, publish, wait_until
 
 
 def failed(response) -> dict:
@@ -50,43 +53,52 @@ def test_code_that_raises_system_exit_is_reported(owner):
     assert body["check"] == "import" and "SystemExit: bye" in body["detail"]
 
 
-def test_children_forked_during_validation_are_killed_even_when_validation_passes(owner, tmp_path):
-    pids = tmp_path / "pids.txt"
+def _sleepers(mark: str) -> list[int]:
+    """Host processes running `sleep <mark>` (the validation sandbox has its own pid namespace, so
+    tenant code cannot tell the test its children's pids: the test finds them by their command)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", mark.encode()]:
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_children_forked_during_validation_are_killed_even_when_validation_passes(owner):
+    mark = f"{1000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
     forker = f"""
-children = []
 for _ in range(3):
-    pid = os.fork()
-    if pid == 0:
-        time.sleep(1000)
-        os._exit(0)
-    children.append(pid)
-open({str(pids)!r}, "w").write(" ".join(map(str, children)))
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", {mark!r}])
+time.sleep(0.5)  # the children are running when validation goes on
 """
     r = publish(owner, "forker", "forker.py", env_with(forker, imports="import os, time"))
     assert r.status_code == 201, r.json()
-    children = [int(p) for p in pids.read_text().split()]
-    assert len(children) == 3
-    assert wait_until(lambda: not any(pid_alive(p) for p in children)), "forked children outlived validation"
+    assert wait_until(lambda: not _sleepers(mark)), "forked children outlived validation"
 
 
-def test_a_fork_loop_that_hangs_is_killed_with_its_whole_process_group(owner, settings, tmp_path):
+def test_a_fork_loop_that_hangs_is_killed_with_its_whole_process_group(owner, settings):
     settings.ORS_INSPECT_TIMEOUT_SECONDS = 2
-    pids = tmp_path / "pids.txt"
+    mark = f"{1000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
     forker = f"""
 for _ in range(4):
-    pid = os.fork()
-    if pid == 0:
-        os.fork()  # a grandchild too
-        time.sleep(1000)
-        os._exit(0)
-    open({str(pids)!r}, "a").write(f"{{pid}} ")
+    if os.fork() == 0:
+        if os.fork() == 0:  # a grandchild too
+            os.execvp("sleep", ["sleep", {mark!r}])
+        os.execvp("sleep", ["sleep", {mark!r}])
 time.sleep(1000)
 """
+    seen: set[int] = set()
+    watcher = threading.Thread(target=lambda: wait_until(lambda: seen.update(_sleepers(mark)) or len(seen) >= 8,
+                                                         timeout=10), daemon=True)
+    watcher.start()
     body = failed(publish(owner, "hostile", "forks.py", env_with(forker, imports="import os, time")))
+    watcher.join()
     assert body["check"] == "timeout"
-    children = [int(p) for p in pids.read_text().split()]
-    assert len(children) == 4
-    assert wait_until(lambda: not any(pid_alive(p) for p in children))
+    assert len(seen) == 8, seen  # four children and four grandchildren ran
+    assert wait_until(lambda: not _sleepers(mark))
 
 
 def test_unbounded_allocation_hits_the_memory_limit(owner, settings):
@@ -122,8 +134,8 @@ if leaked:
 
 
 def test_what_tenant_code_writes_during_validation_never_reaches_the_stored_package(owner, settings):
+    # The package is read-only in the sandbox: the write fails, and so does the publish.
     scribbler = "import pathlib\npathlib.Path(__file__).with_name('scribbled.txt').write_text('x')"
     r = publish(owner, "scribbler", "s.py", env_with(scribbler))
-    assert r.status_code == 201, r.json()
-    stored = settings.ORS_PACKAGE_DIR / r.json()["content_hash"]
-    assert sorted(p.name for p in stored.iterdir()) == ["env.py"]
+    assert r.status_code == 400 and "Read-only file system" in r.json()["detail"], r.json()
+    assert not list(settings.ORS_PACKAGE_DIR.rglob("scribbled.txt")) if settings.ORS_PACKAGE_DIR.exists() else True

@@ -24,6 +24,7 @@ PROBE_ENV = textwrap.dedent('''
     """A test-only environment; what it does is chosen by the task_spec."""
 
     import asyncio
+    import sys
     import time
     from pathlib import Path
 
@@ -95,7 +96,9 @@ PROBE_ENV = textwrap.dedent('''
         @tool
         def block(self, params: BlockParams) -> ToolOutput:
             """A sync tool that blocks its thread."""
-            Path(params.marker).write_text("started")
+            # Seen by the test in the supervisor's copy of the worker's stderr (the sandbox lets
+            # the tool write nowhere the test could look).
+            print(f"started {params.marker}", file=sys.stderr, flush=True)
             time.sleep(params.seconds)
             return ToolOutput(blocks=[TextBlock(text="unblocked")], reward=0.0, finished=False)
 

@@ -318,13 +318,14 @@ async def test_calls_of_different_sessions_run_concurrently(client, owner, probe
     assert elapsed < 0.9, f"two 0.5 s calls of two sessions took {elapsed:.2f} s"
 
 
-async def test_a_blocking_sync_tool_does_not_block_other_sessions(client, owner, probe, tmp_path):
+async def test_a_blocking_sync_tool_does_not_block_other_sessions(client, ors_app, owner, probe):
     busy = await start_episode(client, owner.headers, env=probe, task_spec={})
     other = await start_episode(client, owner.headers, env=probe, task_spec={})
-    marker = tmp_path / "block-started"
-    blocked = asyncio.ensure_future(call(client, owner, busy, "block", {"seconds": 1.0, "marker": str(marker)},
+    marker = uuid.uuid4().hex
+    blocked = asyncio.ensure_future(call(client, owner, busy, "block", {"seconds": 1.0, "marker": marker},
                                          env=probe))
-    await wait_for(marker.exists, what="the blocking tool to start")
+    await wait_for(lambda: any(f"started {marker}" in line for w in ors_app.gateway.executor.pool.workers()
+                               for line in w.recent_stderr()), what="the blocking tool to start")
     r = await client.post("/ping", headers=sid_headers(owner, other))
     assert r.status_code == 200
     assert not blocked.done(), "the ping must complete while the sync tool still blocks"

@@ -1,0 +1,459 @@
+"""The supervisor: a pool of sandbox workers per (environment version, calling team).
+
+A gateway (inline executor) or a runner node (celery executor) owns one pool. A worker hosts only
+sessions of one package opened by one team, so one author's code and one caller's secrets share a
+process; other pairs get other workers. Workers start on demand, more start when a pair has many
+sessions, and idle ones are retired. Each runs ``worker.py`` under bubblewrap (see `command`):
+own user/pid/mount/ipc/uts/network namespaces, a read-only view of the Python runtime, its
+site-packages and the package, a private tmpfs, an empty environment, rlimits (and a pids cgroup
+when running as root, where RLIMIT_NPROC does not apply).
+
+A worker that dies takes only its own sessions: their waiters get `WorkerGone` with a reason
+naming the environment, and the next session of that pair gets a fresh worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import signal
+import struct
+import sys
+import sysconfig
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from orsplatform.runners.sandbox.config import Limits, SandboxConfig
+
+log = logging.getLogger("orsplatform.sandbox")
+HEADER = struct.Struct(">I")
+MAX_FRAME = 64 * 1024 * 1024
+WORKER_SCRIPT = Path(__file__).with_name("worker.py")
+# Where things appear inside the sandbox.
+SANDBOX_WORKER = "/ors/worker.py"
+SANDBOX_PACKAGE = "/ors/env"
+PIDS_CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
+JANITOR_SECONDS = 0.5
+
+
+class WorkerGone(Exception):
+    """The worker holding the session ended; str(exc) says why, naming the environment."""
+
+
+class WorkerError(Exception):
+    """The worker answered a request with an error (`kind`: setup, unknown, error)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class CallTimedOut(Exception):
+    """No answer within the request's timeout; the worker is killed if none comes within the grace."""
+
+
+def _system_binds() -> list[str]:
+    """Read-only views of the OS and the Python runtime (merged-/usr symlinks kept as symlinks)."""
+    args: list[str] = []
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
+        p = Path(top)
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), top]
+        elif p.is_dir():
+            args += ["--ro-bind", top, top]
+    for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"):
+        if os.path.exists(etc):
+            args += ["--ro-bind", etc, etc]
+    # The interpreter's prefix and the virtualenv (site-packages), wherever they live; nothing
+    # else of their parents (a venv inside the project's tree does not expose the tree).
+    seen: set[str] = set()
+    for prefix in (sys.base_prefix, sys.prefix, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]):
+        real = os.path.realpath(prefix)
+        if real.startswith(("/usr/", "/bin/", "/lib/")) or real in seen or not os.path.isdir(real):
+            continue
+        if any(real.startswith(s + "/") for s in seen):
+            continue
+        seen.add(real)
+        args += ["--ro-bind", real, real]
+        if os.path.abspath(prefix) != real:
+            args += ["--symlink", real, os.path.abspath(prefix)]
+    return args
+
+
+def _network_binds() -> list[str]:
+    args: list[str] = []
+    for etc in ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates",
+                "/etc/gai.conf"):
+        if os.path.exists(etc):
+            args += ["--ro-bind", etc, etc]
+    return args
+
+
+def command(config: SandboxConfig, package_dir: str, limits: Limits) -> list[str]:
+    """The argv that starts one worker: rlimits (prlimit), then bubblewrap, then the interpreter."""
+    worker = [config.python, "-I", SANDBOX_WORKER, SANDBOX_PACKAGE, str(config.threads)]
+    if not config.isolated:
+        return [*wrappers(limits), config.python, "-I", str(WORKER_SCRIPT), package_dir, str(config.threads)]
+    return sandboxed(config, limits, ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER,
+                                      "--ro-bind", package_dir, SANDBOX_PACKAGE], worker)
+
+
+def wrappers(limits: Limits) -> list[str]:
+    """rlimits (prlimit) and death with the supervisor (setpriv), in front of the sandbox."""
+    rlimits = [f"--as={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}", f"--nproc={limits.processes}",
+               f"--nofile={limits.open_files}", "--core=0", f"--fsize={limits.tmp_bytes}"]
+    prlimit = shutil.which("prlimit")
+    wrapper = [prlimit, *rlimits, "--"] if prlimit else []
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        # Killed with its supervisor, whatever way that goes (bubblewrap's --die-with-parent then
+        # takes the sandbox with it): a gateway killed with SIGKILL leaves no orphaned workers.
+        wrapper = [setpriv, "--pdeathsig", "KILL", "--", *wrapper]
+    return wrapper
+
+
+def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: list[str],
+              env: dict[str, str] | None = None) -> list[str]:
+    """argv run inside bubblewrap: own namespaces, read-only OS, Python and `binds`, a private /tmp,
+    an empty environment (but `env`), no network unless `limits` allow it."""
+    args = [
+        config.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--hostname", "sandbox", "--clearenv",
+        "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+        "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp",
+        # Few malloc arenas: the address-space limit would otherwise go to empty per-thread arenas.
+        "--setenv", "MALLOC_ARENA_MAX", "2",
+        *_system_binds(),
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+        *binds,
+        "--chdir", "/tmp",
+    ]
+    for name, value in (env or {}).items():
+        args += ["--setenv", name, value]
+    if limits.network:
+        args.insert(2, "--share-net")  # after --unshare-all, which it undoes for the network
+        args += _network_binds()
+    # The sandbox's root (a tmpfs holding the mount points) read-only too: /tmp is the one
+    # writable place.
+    args += ["--remount-ro", "/"]
+    return [*wrappers(limits), *args, *argv]
+
+
+class _PidsCgroup:
+    """A pids cgroup for one worker where this process may make one (root with cgroup v1's pids
+    hierarchy): RLIMIT_NPROC does not bind processes of uid 0, so a fork bomb needs this."""
+
+    def __init__(self, limit: int) -> None:
+        self.path: Path | None = None
+        if os.geteuid() != 0 or not os.access(PIDS_CGROUP_ROOT, os.W_OK):
+            return
+        try:
+            path = PIDS_CGROUP_ROOT / "ors-sandbox" / uuid.uuid4().hex[:16]
+            path.mkdir(parents=True)
+            (path / "pids.max").write_text(str(limit))
+            self.path = path
+        except OSError as exc:
+            log.debug("no pids cgroup for the worker: %s", exc)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """argv entered into the cgroup before it execs, so every process it forks (bubblewrap
+        forks the sandbox at once) is counted: moving it in after the start would miss them."""
+        if self.path is None:
+            return argv
+        procs = self.path / "cgroup.procs"
+        return ["/bin/sh", "-c", f'echo $$ > "{procs}" && exec "$@"', "sh", *argv]
+
+    def remove(self) -> bool:
+        """Remove the (empty) cgroup; False while processes are still leaving it."""
+        if self.path is None:
+            return True
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        self.path = None
+        return True
+
+
+class Worker:
+    def __init__(self, key: tuple, label: str, config: SandboxConfig) -> None:
+        self.key = key
+        self.label = label
+        self.config = config
+        self.proc: asyncio.subprocess.Process | None = None
+        self.sessions: set[str] = set()
+        self.idle_since: float | None = time.monotonic()
+        self.dead: str | None = None  # why it ended, once it has
+        self.kill_reason: str | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._overdue: dict[int, float] = {}  # request id -> when the worker is killed for it
+        self._ready: asyncio.Future | None = None
+        self._reader: asyncio.Task | None = None
+        self._stderr: collections.deque[str] = collections.deque(maxlen=20)
+        self._cgroup: _PidsCgroup | None = None
+        # Told (sessions, reason) when the worker ends with sessions in it (runner nodes record it).
+        self.on_death: Callable[[list[str], str], None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None
+
+    async def spawn(self, package_dir: str, limits: Limits) -> None:
+        argv = command(self.config, package_dir, limits)
+        self._cgroup = _PidsCgroup(limits.processes)
+        self.proc = await asyncio.create_subprocess_exec(
+            *self._cgroup.wrap(argv), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, limit=MAX_FRAME, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            start_new_session=True, close_fds=True)
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._reader = asyncio.create_task(self._read())
+        asyncio.create_task(self._drain_stderr())
+        try:
+            async with asyncio.timeout(self.config.start_seconds):
+                await asyncio.shield(self._ready)
+        except (TimeoutError, WorkerGone) as exc:
+            self.kill("it did not start in time" if isinstance(exc, TimeoutError) else None)
+            detail = "; ".join(self._stderr)[-2000:]
+            raise WorkerGone(f"The sandbox for environment {self.label} could not start"
+                             f"{': ' + detail if detail else ''}.") from None
+
+    async def _drain_stderr(self) -> None:
+        # Tenant code's prints land here. Kept (the last lines, for a worker that fails to start)
+        # but never logged: environment code may print its session's secrets.
+        assert self.proc is not None and self.proc.stderr is not None
+        with contextlib.suppress(Exception):
+            while line := await self.proc.stderr.readline():
+                text = line.decode(errors="replace").rstrip()[:500]
+                self._stderr.append(text)
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        stdout = self.proc.stdout
+        try:
+            while True:
+                (size,) = HEADER.unpack(await stdout.readexactly(HEADER.size))
+                if size > MAX_FRAME:
+                    self.kill("it sent a message larger than the protocol allows")
+                    break
+                message = orjson.loads(await stdout.readexactly(size))
+                request_id = message.get("id") if isinstance(message, dict) else None
+                if request_id == 0:
+                    if self._ready is not None and not self._ready.done():
+                        self._ready.set_result(None)
+                    continue
+                self._overdue.pop(request_id, None)
+                future = self._pending.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except Exception as exc:  # garbage on the pipe: the worker (tenant code) broke the protocol
+            self.kill(f"it broke the supervisor protocol ({type(exc).__name__})")
+        try:
+            returncode = await asyncio.wait_for(self.proc.wait(), 2.0)
+        except TimeoutError:  # it closed its end of the pipe but lives on: nothing can reach it
+            self.kill("it closed its channel to the platform")
+            returncode = await self.proc.wait()
+        self._died(returncode)
+
+    def _died(self, returncode: int | None) -> None:
+        if self.kill_reason:
+            how = f"it was stopped because {self.kill_reason}"
+        elif returncode is not None and returncode < 0:
+            how = f"its process was killed by {signal.Signals(-returncode).name}"
+        elif returncode is not None and returncode > 128 and returncode - 128 in signal.Signals._value2member_map_:
+            # bubblewrap reports the worker's death by a signal as 128 + the signal's number.
+            how = f"its process was killed by {signal.Signals(returncode - 128).name}"
+        else:
+            how = f"its process exited with status {returncode}"
+        self.dead = f"The environment {self.label} stopped: {how}."
+        if self.sessions and self.on_death is not None and self.kill_reason != "the platform shut down":
+            try:
+                self.on_death(sorted(self.sessions), self.dead)
+            except Exception:
+                log.exception("could not report the end of a worker of %s", self.label)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(WorkerGone(self.dead))
+        self._pending.clear()
+        self._overdue.clear()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(WorkerGone(self.dead))
+            self._ready.exception()  # retrieved: spawn() reports it
+        if self._cgroup is not None and not self._cgroup.remove():
+            # Its processes are still leaving it (the sandbox dies a moment after bubblewrap).
+            asyncio.get_running_loop().create_task(_remove_later(self._cgroup))
+        self._cgroup = None
+
+    def kill(self, reason: str | None = None) -> None:
+        if reason and not self.kill_reason:
+            self.kill_reason = reason
+        if self.proc is not None and self.proc.returncode is None:
+            # The whole process group: prlimit/bwrap and, through bwrap's pid namespace, every
+            # process the tenant started (setsid children included) ends with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    async def request(self, op: str, timeout: float | None = None, **fields: Any) -> Any:
+        if self.dead is not None:
+            raise WorkerGone(self.dead)
+        assert self.proc is not None and self.proc.stdin is not None
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        body = orjson.dumps({"id": request_id, "op": op, **fields})
+        try:
+            self.proc.stdin.write(HEADER.pack(len(body)) + body)
+        except (ConnectionError, RuntimeError):
+            self._pending.pop(request_id, None)
+            raise WorkerGone(self.dead or f"The environment {self.label} stopped.") from None
+        try:
+            if timeout is None:
+                reply = await future
+            else:
+                async with asyncio.timeout(timeout):
+                    reply = await asyncio.shield(future)
+        except TimeoutError:
+            # The answer may still come (the tool finishes late); if it does not within the grace
+            # period, the worker is killed (janitor), so a stuck thread cannot hold a node forever.
+            self._overdue[request_id] = time.monotonic() + self.config.grace_seconds
+            future.add_done_callback(_consume)
+            raise CallTimedOut() from None
+        except asyncio.CancelledError:
+            self._pending.pop(request_id, None)
+            raise
+        if reply.get("ok"):
+            return reply.get("value")
+        raise WorkerError(reply.get("kind", "error"), reply.get("error", ""))
+
+    def recent_stderr(self) -> list[str]:
+        """The last lines the worker wrote to stderr (tenant prints, tracebacks)."""
+        return list(self._stderr)
+
+    def overdue(self, now: float) -> bool:
+        return any(deadline <= now for deadline in self._overdue.values())
+
+
+async def _remove_later(cgroup: _PidsCgroup, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cgroup.remove() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # polling: the kernel gives no event for an emptied cgroup v1
+
+
+def _consume(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class SandboxPool:
+    def __init__(self, config: SandboxConfig,
+                 on_lost: Callable[[list[str], str], None] | None = None) -> None:
+        self.config = config
+        self.on_lost = on_lost
+        self._workers: dict[tuple, list[Worker]] = {}
+        self._locks: dict[tuple, asyncio.Lock] = {}
+        self._janitor: asyncio.Task | None = None
+        self._limits: dict[str, Limits] = {}
+
+    def limits(self, package_dir: str) -> Limits:
+        limits = self._limits.get(package_dir)
+        if limits is None:
+            limits = self._limits[package_dir] = self.config.limits_for(package_dir)
+        return limits
+
+    def workers(self) -> list[Worker]:
+        return [w for ws in self._workers.values() for w in ws]
+
+    async def acquire(self, *, sid: str, package_dir: str, team: Any, label: str) -> Worker:
+        """A live worker of (package, team) with room for the session (started if needed)."""
+        if self._janitor is None or self._janitor.done():
+            self._janitor = asyncio.create_task(self._janitor_loop())
+        key = (package_dir, team)
+        limits = self.limits(package_dir)  # PermissionError: the manifest asks for what is refused
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            workers = [w for w in self._workers.get(key, []) if w.alive]
+            roomy = [w for w in workers if len(w.sessions) < self.config.sessions_per_worker]
+            if roomy:
+                worker = min(roomy, key=lambda w: len(w.sessions))
+            elif len(workers) < self.config.max_workers_per_key:
+                worker = Worker(key, label, self.config)
+                worker.on_death = self.on_lost
+                await worker.spawn(package_dir, limits)
+                # Looked up again: the janitor drops a pair's empty list while a worker starts.
+                self._workers.setdefault(key, []).append(worker)
+                log.info("sandbox worker %s started for %s (%d of this pair)",
+                         worker.proc.pid if worker.proc else "?", label, len(workers) + 1)
+            else:  # at the cap: share the least loaded one
+                worker = min(workers, key=lambda w: len(w.sessions))
+            worker.sessions.add(sid)
+            worker.idle_since = None
+            return worker
+
+    def release(self, worker: Worker, sid: str) -> None:
+        worker.sessions.discard(sid)
+        if not worker.sessions:
+            worker.idle_since = time.monotonic()
+
+    async def _janitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(JANITOR_SECONDS)
+            try:
+                self.sweep(time.monotonic())
+            except Exception:
+                log.exception("sandbox janitor failed")
+
+    def sweep(self, now: float) -> None:
+        for key, workers in list(self._workers.items()):
+            for worker in workers:
+                if not worker.alive:
+                    continue
+                if worker.overdue(now):
+                    worker.kill(f"a tool call outlived its timeout by the {self.config.grace_seconds:g} s grace period")
+                elif worker.idle_since is not None and now - worker.idle_since > self.config.idle_seconds:
+                    worker.kill("it was idle")
+            workers[:] = [w for w in workers if w.alive or w.proc is None or w.proc.returncode is None]
+            lock = self._locks.get(key)
+            if not workers and not (lock is not None and lock.locked()):
+                self._workers.pop(key, None)
+                self._locks.pop(key, None)
+
+    async def close(self) -> None:
+        if self._janitor is not None:
+            self._janitor.cancel()
+        for worker in self.workers():
+            if worker.proc is not None and worker.proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    worker.proc.stdin.close()  # the worker ends when its pipe closes
+        deadline = time.monotonic() + 2.0
+        for worker in self.workers():
+            if worker.proc is None:
+                continue
+            with contextlib.suppress(TimeoutError, ProcessLookupError):
+                await asyncio.wait_for(worker.proc.wait(), max(0.05, deadline - time.monotonic()))
+            worker.kill("the platform shut down")
+        for worker in self.workers():  # their cgroups go once their processes have
+            if worker._reader is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(worker._reader), 5)
+        pending = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_remove_later"]
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        self._workers.clear()

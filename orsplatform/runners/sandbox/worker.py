@@ -1,0 +1,323 @@
+"""A sandbox worker: hosts the sessions of one environment version opened by one team.
+
+Started by the pool (pool.py) inside bubblewrap as ``python -I worker.py PACKAGE_DIR THREADS``, with
+this file and the package bound read-only and nothing of the platform visible. It imports no
+Django and nothing of ``orsplatform`` (the platform's tree is not mounted in the sandbox), only the
+ORS SDK, pydantic and orjson from the read-only site-packages.
+
+The supervisor speaks to it over the pipe that was its stdin/stdout: frames of a 4-byte big-endian
+length and an orjson object. Requests are ``{"id", "op", ...}``; every request gets exactly one
+reply ``{"id", "ok", "value" | "error"}``. Requests run concurrently: sync environment methods in a
+thread pool, async ones on this process's event loop, so a tool that blocks the loop stalls only
+this worker (the supervisor kills it once a call outlives its timeout by the grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import inspect
+import os
+import struct
+import sys
+import threading
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 64 * 1024 * 1024
+REDACTED = "[redacted]"
+MIN_SECRET_LENGTH = 4  # as orsplatform.runners.redact: shorter values would redact ordinary text
+
+
+class EnvironmentExit(Exception):
+    """Environment code called sys.exit(); reported like any exception of the environment."""
+
+
+class UnknownSession(Exception):
+    pass
+
+
+def redact(value: Any, secrets: tuple[str, ...]) -> Any:
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {redact(k, secrets): redact(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, secrets) for v in value]
+    return value
+
+
+def secret_values(secrets: dict[str, str]) -> tuple[str, ...]:
+    return tuple(sorted({v for v in secrets.values() if isinstance(v, str) and len(v) >= MIN_SECRET_LENGTH},
+                        key=len, reverse=True))
+
+
+def tool_error(message: str, reason: str) -> dict:
+    return {"ok": False, "error": message, "reason": reason}
+
+
+class _Live:
+    __slots__ = ("instance", "secrets")
+
+    def __init__(self, instance: Any, secrets: tuple[str, ...]) -> None:
+        self.instance = instance
+        self.secrets = secrets
+
+
+class Host:
+    """The environment instances of this worker, by session id."""
+
+    def __init__(self, package_dir: str, threads: int) -> None:
+        from ors import Environment
+
+        self.Environment = Environment
+        self.package_dir = package_dir
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ors-env")
+        self.live: dict[str, _Live] = {}
+        self._cls: dict[str, type] = {}
+        self._models: dict[tuple[type, str], Any] = {}
+        self._lock = threading.Lock()
+
+    # --- loading ---------------------------------------------------------------------------
+
+    def load(self, entrypoint: str) -> type:
+        cls = self._cls.get(entrypoint)
+        if cls is not None:
+            return cls
+        with self._lock:
+            cls = self._cls.get(entrypoint)
+            if cls is None:
+                cls = self._cls[entrypoint] = self._import(entrypoint)
+        return cls
+
+    def _import(self, entrypoint: str) -> type:
+        module_path, sep, class_name = entrypoint.partition(":")
+        if not sep or not module_path or not class_name:
+            raise ValueError(f"Entrypoint {entrypoint!r} must look like 'module:Class'.")
+        # Same module naming as orsplatform.runners.loader, so tracebacks read alike.
+        pkg_name = "orspkg_" + hashlib.sha256(str(Path(self.package_dir).resolve()).encode()).hexdigest()[:16]
+        if pkg_name not in sys.modules:
+            pkg = types.ModuleType(pkg_name)
+            pkg.__path__ = [str(Path(self.package_dir).resolve())]
+            sys.modules[pkg_name] = pkg
+        module = importlib.import_module(f"{pkg_name}.{module_path}")
+        cls = getattr(module, class_name, None)
+        if not (isinstance(cls, type) and issubclass(cls, self.Environment)):
+            raise ValueError(f"{entrypoint!r} is not an ors.Environment subclass.")
+        return cls
+
+    def _overrides(self, instance: Any, name: str) -> bool:
+        return getattr(type(instance), name) is not getattr(self.Environment, name)
+
+    async def run(self, fn, *args) -> Any:
+        """Run an environment method: coroutine functions on the loop, the rest in the pool."""
+        try:
+            if inspect.iscoroutinefunction(inspect.unwrap(fn)):
+                return await fn(*args)
+            result = await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except SystemExit as exc:
+            raise EnvironmentExit(f"SystemExit({exc.code!r})") from None
+
+    def _instance(self, sid: str) -> _Live:
+        live = self.live.get(sid)
+        if live is None:
+            raise UnknownSession(sid)
+        return live
+
+    # --- operations ------------------------------------------------------------------------
+
+    async def op_setup(self, msg: dict) -> None:
+        secrets = msg.get("secrets") or {}
+        values = secret_values(secrets)
+        try:
+            instance, pending = await self.run(self._build, msg["entrypoint"], msg.get("task_spec"), secrets)
+            if pending is not None:
+                await pending
+        except BaseException as exc:  # environment code may raise anything
+            raise SetupError(redact(f"{type(exc).__name__}: {exc}", values)) from None
+        self.live[msg["sid"]] = _Live(instance, values)
+
+    def _build(self, entrypoint: str, task_spec: Any, secrets: dict) -> tuple[Any, Any]:
+        cls = self.load(entrypoint)
+        instance = cls(task_spec=task_spec, secrets=dict(secrets))
+        if not self._overrides(instance, "setup"):
+            return instance, None
+        if inspect.iscoroutinefunction(inspect.unwrap(instance.setup)):
+            return instance, instance.setup()  # a coroutine, awaited on the loop
+        result = instance.setup()
+        return instance, result if inspect.isawaitable(result) else None
+
+    async def op_prompt(self, msg: dict) -> list:
+        from pydantic import BaseModel
+
+        live = self._instance(msg["sid"])
+        blocks = await self.run(live.instance.get_prompt)
+        return [b.model_dump(mode="json") if isinstance(b, BaseModel) else b for b in blocks]
+
+    async def op_task_tools(self, msg: dict) -> list:
+        live = self._instance(msg["sid"])
+        if not self._overrides(live.instance, "list_task_tools"):
+            return []
+        return [t.model_dump(mode="json") for t in (await self.run(live.instance.list_task_tools)).tools]
+
+    async def op_call(self, msg: dict) -> dict:
+        live = self._instance(msg["sid"])
+        tool_input = msg.get("input") or {}
+        try:
+            outcome = await self._dispatch(live.instance, msg["name"], tool_input)
+        except Exception as exc:
+            outcome = {"exception": redact(f"{type(exc).__name__}: {exc}", live.secrets)}
+        if live.secrets:
+            # Audit copies without the session's secrets, made here where the secrets are.
+            if outcome.get("result") is not None:
+                audit = redact(outcome["result"], live.secrets)
+                if audit != outcome["result"]:
+                    outcome["audit"] = audit
+            audit_input = redact(tool_input, live.secrets)
+            if audit_input != tool_input:
+                outcome["audit_input"] = audit_input
+        return outcome
+
+    async def _dispatch(self, instance: Any, name: str, tool_input: dict) -> dict:
+        from ors import ToolOutput
+        from ors.environment import _introspect_tool
+        from pydantic import ValidationError
+
+        Environment = self.Environment
+        fn = None if name.startswith("_") else getattr(instance, name, None)
+        if fn is None or not Environment._is_tool(fn):
+            # Toolsets and unknown names: the SDK's own dispatcher knows their rules.
+            out = await self.run(instance._call_tool, name, tool_input)
+            result = out.model_dump(mode="json")
+            if not result["ok"]:
+                result["reason"] = "not_found" if "is not a valid tool" in result["error"] else "name_collision"
+            return {"result": result}
+        key = (type(instance), name)
+        model = self._models.get(key, False)
+        if model is False:  # the tool's input model, looked up once per class and tool
+            _, hints, params = _introspect_tool(fn)
+            model = self._models[key] = hints[params[0].name] if params else None
+        args: tuple = ()
+        if model is not None:
+            try:
+                args = (model(**tool_input),)
+            except ValidationError as exc:
+                return {"result": tool_error(f"Tool input validation error: {exc.errors()}", "input_validation")}
+        res = await self.run(fn, *args)
+        if not isinstance(res, ToolOutput):
+            raise TypeError(f"{name!r} returned {type(res).__name__}; expected ToolOutput")
+        return {"result": {"ok": True, "output": res.model_dump(mode="json")}}
+
+    async def op_stop(self, msg: dict) -> None:
+        live = self.live.pop(msg["sid"], None)
+        if live is not None and self._overrides(live.instance, "teardown"):
+            try:
+                await self.run(live.instance.teardown)
+            except Exception:
+                pass  # nothing to report to: the session is over
+
+
+class SetupError(Exception):
+    pass
+
+
+class Channel:
+    """The framed pipe to the supervisor."""
+
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.WriteTransport) -> None:
+        self.reader = reader
+        self.transport = transport
+
+    async def read(self) -> dict | None:
+        try:
+            (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
+            if size > MAX_FRAME:
+                return None
+            return orjson.loads(await self.reader.readexactly(size))
+        except asyncio.IncompleteReadError:
+            return None
+
+    def send(self, message: dict) -> None:
+        try:
+            body = orjson.dumps(message)
+        except (TypeError, orjson.JSONEncodeError) as exc:  # the environment's value
+            body = orjson.dumps({"id": message.get("id"), "ok": False,
+                                 "error": f"The environment's answer is not valid JSON: {exc}"})
+        self.transport.write(HEADER.pack(len(body)) + body)
+
+
+async def serve(host: Host, channel: Channel) -> None:
+    ops = {"setup": host.op_setup, "prompt": host.op_prompt, "task_tools": host.op_task_tools,
+           "call": host.op_call, "stop": host.op_stop}
+    tasks: set[asyncio.Task] = set()
+
+    async def handle(msg: dict) -> None:
+        reply: dict[str, Any] = {"id": msg.get("id")}
+        try:
+            reply["value"] = await ops[msg["op"]](msg)
+            reply["ok"] = True
+        except UnknownSession:
+            reply.update(ok=False, kind="unknown")
+        except SetupError as exc:
+            reply.update(ok=False, kind="setup", error=str(exc))
+        except BaseException as exc:  # environment code may raise anything
+            live = host.live.get(msg.get("sid", ""))
+            reply.update(ok=False, kind="error", error=redact(f"{type(exc).__name__}: {exc}",
+                                                              live.secrets if live else ()))
+        channel.send(reply)
+
+    while True:
+        msg = await channel.read()
+        if msg is None:
+            return  # the supervisor closed the pipe (or spoke garbage): the worker ends
+        task = asyncio.create_task(handle(msg))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+async def main_async(package_dir: str, threads: int, fd_in: int, fd_out: int) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_FRAME)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd_in, "rb", 0))
+    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(fd_out, "wb", 0))
+    host = Host(package_dir, threads)
+    channel = Channel(reader, transport)
+    channel.send({"id": 0, "ok": True, "value": {"pid": os.getpid()}})  # ready
+    await serve(host, channel)
+
+
+def main() -> None:
+    package_dir, threads = sys.argv[1], int(sys.argv[2])
+    # The protocol moves off fds 0 and 1, so a tenant's print() (or a library's) goes to stderr
+    # instead of corrupting the framing.
+    fd_in, fd_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(2, 1)
+    os.close(null)
+    try:  # uvloop where installed: the worker's hop is mostly event-loop work
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(main_async(package_dir, threads, fd_in, fd_out))
+    os._exit(0)  # stuck tool threads must not keep an orphaned worker alive
+
+
+if __name__ == "__main__":
+    main()
