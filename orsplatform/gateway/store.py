@@ -94,8 +94,11 @@ def _run_batch(ops: list[tuple[Op, dict]]) -> list[tuple[bool, Any]]:
     results: list[tuple[bool, Any]] = []
     for op, kwargs in ops:
         try:
+            # Appended after the commit: SQLite checks foreign keys at commit, so a row can fail
+            # there, after its statement ran (one result per op, whatever fails where).
             with transaction.atomic():
-                results.append((True, _run_one(op, kwargs)))
+                value = _run_one(op, kwargs)
+            results.append((True, value))
         except IntegrityError as exc:
             results.append((False, exc))
         except DataError as exc:
