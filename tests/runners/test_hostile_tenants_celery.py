@@ -126,3 +126,31 @@ def test_team_b_reaches_neither_redis_nor_team_a_on_a_runner_node(cluster, serve
     fresh = open_session(base, outsider, HOSTILE)  # a fresh worker for B's next session
     assert attempt(base, outsider, fresh, "environ")["ok"] is True
     wait_until(lambda: cluster.heartbeat_pid(runner) == runner_pid, 5, "the node is still the same process")
+
+
+def test_on_a_runner_node_runaway_tools_and_forks_stay_in_their_worker(cluster, server_factory, owner, outsider,
+                                                                       published):
+    runner = cluster.start_runner()
+    gateway = server_factory(**cluster.env())
+    base = gateway.url
+    runner_pid = cluster.heartbeat_pid(runner)
+    sid = open_session(base, outsider, HOSTILE)
+
+    # Bounded: the manifest's 64 processes (threads included).
+    bomb = attempt(base, outsider, sid, "forkbomb", n=500)["value"]
+    assert bomb["stopped"] is not None and bomb["forked"] < 64, bomb
+    assert attempt(base, outsider, sid, "alloc", n=2048)["ok"] is False  # past its 512 MiB
+
+    # A sync tool spinning past its 2 s timeout: answered "timeout", then its worker is killed.
+    r = httpx.post(f"{base}/{HOSTILE}/call", headers={**outsider.headers, "X-Session-ID": sid},
+                   json={"name": "probe", "input": {"what": "spin"}}, timeout=60)
+    assert sse_result(r.text)["reason"] == "timeout"
+
+    def lost() -> bool:
+        r = httpx.get(f"{base}/{HOSTILE}/prompt", headers={**outsider.headers, "X-Session-ID": sid}, timeout=30)
+        return r.status_code == 410 and "outlived its timeout" in r.text
+
+    wait_until(lost, 30, "the spinning worker to be killed and its session to answer 410")
+    for n in range(2):  # the node, and team A's sessions on it, carry on
+        team_a_episode(base, owner, published, canary(), n)
+    assert cluster.heartbeat_pid(runner) == runner_pid
