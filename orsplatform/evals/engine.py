@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -112,14 +115,18 @@ class Engine:
         self.gateway = None
         self.http: httpx.AsyncClient | None = None
         self.runs: dict[int, Future] = {}
+        # This process's identity in run leases: made here, after any fork (a prefork pool's children
+        # must not share one), with a nonce so that a restarted process under a reused pid differs.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
     # --- entry points (any thread) ----------------------------------------------------------------
 
     def execute(self, run_id: int, *, wait: bool) -> None:
-        future = self.runs.get(run_id)
-        if future is None or future.done():
-            future = asyncio.run_coroutine_threadsafe(self.drive(run_id), self.loop)
-            self.runs[run_id] = future
+        # A resume right after a cancel: the cancelled drive may still be ending its episodes here;
+        # the new one starts after it, so no episode is driven twice.
+        previous = self.runs.get(run_id)
+        future = asyncio.run_coroutine_threadsafe(self.drive(run_id, after=previous), self.loop)
+        self.runs[run_id] = future
         if wait:
             future.result()
 
@@ -154,9 +161,11 @@ class Engine:
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
                 follow_redirects=False)
 
-    async def drive(self, run_id: int) -> None:
+    async def drive(self, run_id: int, after: Future | None = None) -> None:
         self._start()
-        plan = await self.db(services.eval_run_claim, run_id=run_id, owner=services.WORKER_ID)
+        if after is not None and not after.done():
+            await asyncio.wait([asyncio.wrap_future(after)])
+        plan = await self.db(services.eval_run_claim, run_id=run_id, owner=self.owner)
         if plan is None:
             return  # ended, or driven by a live worker elsewhere
         try:
@@ -165,7 +174,7 @@ class Engine:
             log.exception("evaluation run %s failed", run_id)
             outcome = (EvalRun.Status.FAILED, f"The platform could not drive the run: {type(exc).__name__}: {exc}")
         if outcome is not None:
-            await self.db(services.eval_run_end, run_id=run_id, owner=services.WORKER_ID, status=outcome[0],
+            await self.db(services.eval_run_end, run_id=run_id, owner=self.owner, status=outcome[0],
                           error=outcome[1])
 
     async def _drive(self, plan: RunPlan) -> tuple[str, str] | None:
@@ -199,7 +208,7 @@ class Engine:
         while True:
             await asyncio.sleep(every)
             try:
-                status = await self.db(services.eval_run_renew, run_id=plan.run_id, owner=services.WORKER_ID)
+                status = await self.db(services.eval_run_renew, run_id=plan.run_id, owner=self.owner)
             except Exception as exc:  # the database blinked: the lease has slack, try again
                 log.warning("could not renew the lease of run %s: %s", plan.run_id, exc)
                 continue

@@ -3,9 +3,6 @@ a Celery worker; these functions are what it (and the API, pages and command) ca
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -21,9 +18,6 @@ from orsplatform.evals import aap, crypto
 from orsplatform.evals.models import Agent, EvalEpisode, EvalRun
 from orsplatform.teams.auth import Caller
 from orsplatform.teams.models import Team
-
-# This process's identity in run leases (host, pid, and a nonce so a restarted pid differs).
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 def team_caller(*, team: Team) -> Caller:

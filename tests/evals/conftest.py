@@ -68,6 +68,20 @@ def agent_server(tmp_path_factory):
     stop_process(server.process)
 
 
+@pytest.fixture(autouse=True)
+def _engine_idle_after_each_test(live_db):
+    """A run this process drives (eager Celery) must not outlive its test: a cancelled run's
+    worker notices within a second, and its episodes would otherwise land in the next test."""
+    yield
+    from orsplatform.evals import engine as engine_module
+
+    if engine_module._engine is not None:
+        deadline = time.monotonic() + 60
+        while not all(f.done() for f in list(engine_module._engine.runs.values())):
+            assert time.monotonic() < deadline, "an evaluation run was still being driven after its test"
+            time.sleep(0.05)  # polling interval while waiting on the condition
+
+
 @pytest.fixture
 def agents(agent_server, settings):
     # Tests reach the agent on loopback; production refuses non-public hosts unless allowed.

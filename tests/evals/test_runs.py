@@ -31,7 +31,9 @@ def test_per_task_rewards_equal_the_known_outcomes_in_every_stream_mode(owner, a
     sessions = Session.objects.filter(sid__in=[e["sid"] for e in run["episodes"]])
     assert sessions.count() == 12
     assert set(sessions.values_list("protocol", "status").distinct()) == {("aap", "deleted")}
-    assert ToolCall.objects.filter(session__in=sessions, name="submit").count() == 12
+    # (Per session, not a total: on SQLite a late write of an earlier test's gateway may land on a
+    # reused row id.)
+    assert ToolCall.objects.filter(session__in=sessions, name="submit").values("session").distinct().count() == 12
     # Every agent session was deleted, every ORS episode ended.
     stats = agents.stats()
     assert stats["created"] == stats["deleted"] == 12 and stats["open"] == 0
