@@ -3,15 +3,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import select
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,8 +21,7 @@ from django.utils import timezone
 from orsplatform.catalog import ingest, packages
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
-from orsplatform.runners.sandbox.config import SandboxConfig
-from orsplatform.runners.sandbox.inspect import inspector_command
+from orsplatform.runners.inspection import run_child
 from orsplatform.teams.models import Team
 from orsplatform.teams.services import validate_slug
 
@@ -132,94 +125,31 @@ def manifest_validate(manifest: dict) -> dict:
     return manifest
 
 
-def _wait_exited(pid: int, timeout: float) -> bool:
-    """Waits for the process to exit without reaping it, so its process group id stays reserved
-    until the group has been killed. True when it exited in time."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-        try:
-            # poll, not select: a busy server's descriptors can be numbered past select's 1024.
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            return bool(poller.poll(max(timeout, 0) * 1000))
-        finally:
-            os.close(fd)
-    deadline = time.monotonic() + timeout
-    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)  # fallback without pidfd: poll for the exit
-    return True
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path: Path, limit: int = 8000) -> str:
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(fh.tell() - limit, 0))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None = None) -> dict:
-    """Runs the inspector on ``package_dir`` in a subprocess: its own session (so the whole process
-    group, forks included, is killed at the end), a wall-clock limit, memory and file-size rlimits,
-    and an environment with none of the platform's settings or credentials."""
-    scratch = work / "home"
-    scratch.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "LANG": "C.UTF-8",
-           "PYTHONPATH": str(settings.BASE_DIR), "PYTHONDONTWRITEBYTECODE": "1",
-           "ORS_INSPECT_MEMORY_BYTES": str(settings.ORS_INSPECT_MEMORY_BYTES),
-           "ORS_INSPECT_FILE_BYTES": str(settings.ORS_INSPECT_FILE_BYTES)}
-    cmd = [sys.executable, "-m", "orsplatform.runners.inspector", str(package_dir), entrypoint, str(work)]
+    """The inspector's report on ``package_dir`` (runners/inspector.py, run as a contained child by
+    runners/inspection.py: the workers' sandbox, a wall-clock limit, memory and file-size rlimits,
+    its whole process group killed at the end), or PublishError."""
+    args = [entrypoint, "{work}"]
     if sample is not None:
         (work / "sample.json").write_text(json.dumps(sample))
-        cmd.append(str(work / "sample.json"))
-    sandbox = SandboxConfig.from_django(threads=1)
-    if sandbox.isolated:  # the same sandbox as the workers: no settings, database or /proc of ours
-        cmd = inspector_command(sandbox, package_dir=package_dir, entrypoint=entrypoint, work=work,
-                                sample=work / "sample.json" if sample is not None else None,
-                                memory_bytes=settings.ORS_INSPECT_MEMORY_BYTES,
-                                file_bytes=settings.ORS_INSPECT_FILE_BYTES)
+        args.append("{work}/sample.json")
     timeout = settings.ORS_INSPECT_TIMEOUT_SECONDS
-    # Files, not pipes: a forked child that outlives the inspector would hold a pipe open forever.
-    with (work / "stdout.log").open("wb") as out, (work / "stderr.log").open("wb") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                cwd=str(scratch), start_new_session=True)
-    try:
-        exited = _wait_exited(proc.pid, timeout)
-    finally:
-        _kill_group(proc.pid)
-        proc.wait()
+    run = run_child(module="inspector", package_dir=package_dir, work=work, args=args, timeout=timeout)
     try:
         report = json.loads((work / "report.json").read_text())
     except (OSError, ValueError):
         report = {}
     stage = report.get("check", "start")
-    output = _tail(work / "stderr.log") or _tail(work / "stdout.log")
-    if not exited:
+    if not run.exited:
         raise PublishError(f"Validation timed out after {timeout:g} s during the '{stage}' check; "
                            "the validation process and its children were killed.", check="timeout",
-                           traceback=output)
+                           traceback=run.output)
     if report.get("ok"):
         return report
     if "error" in report:
         raise PublishError(report["error"], check=report.get("check", ""), traceback=report.get("traceback", ""))
-    code = proc.returncode
-    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-    raise PublishError(f"The validation process ended ({how}) during the '{stage}' check without a report.",
-                       check="process", traceback=output)
+    raise PublishError(f"The validation process ended ({run.how()}) during the '{stage}' check without a report.",
+                       check="process", traceback=run.output)
 
 
 def package_task_files(root: Path) -> dict[str, tuple[Path, str]]:

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.core.cache import cache
 
 from orsplatform.catalog.models import EnvironmentVersion
+from orsplatform.runners.inspection import run_child
 
 PROMPT_TIMEOUT_SECONDS = 20.0
 MAX_PROMPT_BYTES = 2 * 1024 * 1024
@@ -35,9 +31,9 @@ def task_prompt_cached(*, version: EnvironmentVersion, spec: Any) -> dict | None
 def task_prompt_render(*, version: EnvironmentVersion, spec: Any) -> dict:
     """The task's prompt as a session would be served it, for tasks whose get_prompt() needs no
     setup(): {"ok": True, "blocks": [...]} or {"ok": False, "error": "..."}. Runs the environment's
-    code in a child process with the publishing inspector's limits (memory, file size, wall clock, no
-    platform settings or credentials in its environment) and caches the answer by content hash and
-    task, since a version never changes."""
+    code as the publishing inspector runs (runners/inspection.py: the workers' sandbox, its limits,
+    its process group killed at the end) and caches the answer by content hash and task, since a
+    version never changes."""
     key = prompt_cache_key(version=version, spec=spec)
     cached = cache.get(key)
     if cached is not None:
@@ -45,28 +41,11 @@ def task_prompt_render(*, version: EnvironmentVersion, spec: Any) -> dict:
     with tempfile.TemporaryDirectory(prefix="orsprompt-") as tmp:
         work = Path(tmp)
         (work / "spec.json").write_text(json.dumps(spec))
-        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
-               "PYTHONPATH": str(settings.BASE_DIR), "PYTHONDONTWRITEBYTECODE": "1",
-               "ORS_INSPECT_MEMORY_BYTES": str(settings.ORS_INSPECT_MEMORY_BYTES),
-               "ORS_INSPECT_FILE_BYTES": str(settings.ORS_INSPECT_FILE_BYTES)}
-        cmd = [sys.executable, "-m", "orsplatform.hub.prompt_child", version.package_path, version.entrypoint,
-               str(work / "spec.json"), str(work / "out.json")]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=env, cwd=tmp, start_new_session=True)
-        try:
-            proc.wait(timeout=PROMPT_TIMEOUT_SECONDS)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            # Its own session: the whole group goes, forks included.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+        run = run_child(module="prompt_render", package_dir=Path(version.package_path), work=work,
+                        args=[version.entrypoint, "{work}/spec.json", "{work}/out.json"],
+                        timeout=PROMPT_TIMEOUT_SECONDS)
         out = work / "out.json"
-        if timed_out:
+        if not run.exited:
             result = {"ok": False, "error": f"get_prompt() did not answer within {PROMPT_TIMEOUT_SECONDS:g} s."}
         elif not out.is_file() or out.stat().st_size > MAX_PROMPT_BYTES:
             result = {"ok": False, "error": "The prompt could not be rendered (the process ended without one, "

@@ -1,7 +1,9 @@
-"""The publish-time inspector (runners/inspector.py) in the same sandbox as the workers.
+"""The tenant code the platform runs outside a session (the publish-time inspector,
+runners/inspector.py, and the environment pages' prompt renderer, runners/prompt_render.py) in the
+same sandbox as the workers.
 
 It sees the package (read-only), its own work directory (read-write: the report and the task
-files it writes), the Python runtime and the two platform modules it runs (inspector.py and
+files it writes), the Python runtime and the two platform modules it runs (the child module and
 loader.py, which import no Django), and nothing else: no settings, no database, no other package,
 no network, no process of the platform (its own pid namespace, so no /proc/<pid>/environ either).
 """
@@ -17,29 +19,29 @@ RUNNERS = Path(__file__).resolve().parent.parent
 LIB = "/ors/lib"  # a minimal `orsplatform.runners` package inside the sandbox
 WORK = "/ors/work"
 PACKAGE = "/ors/env"
-# Runs the inspector module with /ors/lib first on the path (-I ignores PYTHONPATH).
+# Runs a child module with /ors/lib first on the path (-I ignores PYTHONPATH).
 BOOT = ("import runpy, sys; sys.path.insert(0, '/ors/lib'); "
-        "runpy.run_module('orsplatform.runners.inspector', run_name='__main__', alter_sys=True)")
+        "runpy.run_module('orsplatform.runners.{module}', run_name='__main__', alter_sys=True)")
 
 
-def inspector_command(config: SandboxConfig, *, package_dir: Path, entrypoint: str, work: Path,
-                      sample: Path | None, memory_bytes: int, file_bytes: int) -> list[str]:
-    """argv running the inspector on `package_dir` in the sandbox; paths inside are fixed, so
-    the report and the tasks land in `work` as they do outside it."""
+def child_command(config: SandboxConfig, *, module: str, package_dir: Path, work: Path, args: list[str],
+                  memory_bytes: int, file_bytes: int) -> list[str]:
+    """argv running `orsplatform.runners.<module>` in the sandbox as
+    `<module> PACKAGE_DIR <args...>`; `work` is seen at WORK, so an argument naming a file in
+    `work` is passed as `{work}/name` and the child's output lands in `work` as it does outside."""
     empty_init = str(RUNNERS / "__init__.py")  # an empty module, standing in for both packages
     binds = [
         "--ro-bind", str(package_dir), PACKAGE,
         "--bind", str(work), WORK,
         "--ro-bind", empty_init, f"{LIB}/orsplatform/__init__.py",
         "--ro-bind", empty_init, f"{LIB}/orsplatform/runners/__init__.py",
-        "--ro-bind", str(RUNNERS / "inspector.py"), f"{LIB}/orsplatform/runners/inspector.py",
+        "--ro-bind", str(RUNNERS / f"{module}.py"), f"{LIB}/orsplatform/runners/{module}.py",
         "--ro-bind", str(RUNNERS / "loader.py"), f"{LIB}/orsplatform/runners/loader.py",
     ]
     limits = Limits(memory_bytes=memory_bytes, cpu_seconds=config.defaults.cpu_seconds,
                     processes=config.defaults.processes, open_files=config.defaults.open_files,
                     tmp_bytes=min(file_bytes, config.maxima.tmp_bytes))
-    argv = [config.python, "-I", "-c", BOOT, PACKAGE, entrypoint, WORK]
-    if sample is not None:
-        argv.append(f"{WORK}/{sample.relative_to(work)}")
+    argv = [config.python, "-I", "-c", BOOT.format(module=module), PACKAGE,
+            *(a.replace("{work}", WORK) for a in args)]
     env = {"ORS_INSPECT_MEMORY_BYTES": str(memory_bytes), "ORS_INSPECT_FILE_BYTES": str(file_bytes)}
     return sandboxed(config, limits, binds, argv, env)

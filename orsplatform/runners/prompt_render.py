@@ -1,6 +1,6 @@
 """Render one task's prompt in a separate process, without setup():
 
-    python -m orsplatform.hub.prompt_child PACKAGE_DIR ENTRYPOINT SPEC_JSON OUT_JSON
+    python -m orsplatform.runners.prompt_render PACKAGE_DIR ENTRYPOINT SPEC_JSON OUT_JSON
 
 Writes {"ok": true, "blocks": [...]} (the blocks as served on the wire) or {"ok": false, "error": ...}
 to OUT_JSON. Imports no Django, like the publishing inspector: tenant code never runs beside the
