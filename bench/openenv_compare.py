@@ -273,7 +273,7 @@ def run_hold(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     stats: dict[str, Any] = {"steps": 0, "step_errors": 0, "open_failed": 0, "sessions_ok": 0, "latencies": [],
-                             "errors": {}}
+                             "errors": {}, "timeline": []}
     opened = asyncio.Event()
     ready = [0]
     window = {"stop": float("inf")}
@@ -291,11 +291,18 @@ async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace
     print(f"   all {args.hold} sockets opened and reset in {open_s:.1f}s; holding", flush=True)
     await asyncio.gather(*tasks)
     lat = stats.pop("latencies")
+    # Per 5-second slice of the window: steps started, their p99 and max (where slow steps cluster).
+    start = window["stop"] - args.duration
+    slices: dict[int, list[float]] = {}
+    for t, latency in stats.pop("timeline"):
+        slices.setdefault(int((t - start) // 5) * 5, []).append(latency)
+    timeline = {f"{k}s": {"steps": len(v), "p99_ms": round(pct(v, 99), 1), "max_ms": round(max(v) * 1000, 1)}
+                for k, v in sorted(slices.items())}
     return {"sessions": args.hold, "open_s": open_s, "open_failed": stats["open_failed"],
             "sessions_ok": stats["sessions_ok"], "success_rate": stats["sessions_ok"] / args.hold,
             "steps": stats["steps"], "step_errors": stats["step_errors"], "steps_per_s": stats["steps"] / args.duration,
             "step_p50_ms": pct(lat, 50), "step_p99_ms": pct(lat, 99), "errors": stats["errors"],
-            "client_cpu_s": time.process_time() - cpu0}
+            "client_cpu_s": time.process_time() - cpu0, "timeline": timeline}
 
 
 async def _held_window(url: str, headers: dict[str, str], every: float, window: dict[str, float],
@@ -331,6 +338,7 @@ async def _held_window(url: str, headers: dict[str, str], every: float, window: 
                 raise RuntimeError(f"unexpected step result {out.observation}")
             stats["steps"] += 1
             stats["latencies"].append(time.monotonic() - t0)
+            stats["timeline"].append((t0, time.monotonic() - t0))
         except Exception as exc:
             stats["step_errors"] += 1
             note(exc)

@@ -160,3 +160,16 @@ def test_websockets_outside_an_openenv_socket_path_are_refused_never_a_500(oe_se
     with pytest.raises(InvalidStatus) as refused:
         connect(oe_server.url.replace("http://", "ws://") + path, open_timeout=10)
     assert refused.value.response.status_code == 403
+
+
+def test_a_tool_call_longer_than_the_keepalive_keeps_its_socket_and_answers(oe_server, owner, tmp_path):
+    # The client pings every half second and gives up after half a second without a pong; the call
+    # takes seconds. The server answers pings while the call runs, so only message_timeout_s matters.
+    publish_probe_sync(owner.team, tmp_path)
+    env = GenericEnvClient(base_url=base_url(oe_server, PROBE), headers=owner.headers, message_timeout_s=60,
+                           websocket_ping_interval_s=0.5, websocket_ping_timeout_s=0.5).sync()
+    with env:
+        env.reset(split="train", index=0)
+        out = env.step({"type": "call_tool", "tool_name": "nap", "arguments": {"seconds": 3}})
+        assert out.observation["result"]["blocks"][0]["text"] == "rested"
+        assert env.state()["step_count"] == 1
