@@ -83,10 +83,17 @@ def sessions_end(*, rows: list[dict[str, Any]]) -> None:
         cursor.executemany(END_SQL, session_end_params(rows))
 
 
+TOUCH_SQL = "UPDATE episodes_session SET last_activity_at = %s WHERE id = %s"
+
+
 def sessions_touch(*, activity: dict[int, tuple[datetime, datetime | None]]) -> None:
-    """Write coalesced activity times and readiness (pings never write one by one)."""
-    for pk, (last_activity_at, ready_at) in activity.items():
-        Session.objects.filter(pk=pk).update(last_activity_at=last_activity_at)
+    """Write coalesced activity times and readiness (pings never write one by one). One
+    executemany of plain SQL: with thousands of open sessions, an ORM update each held the
+    database (SQLite's one writer) for seconds, and every episode's writes queued behind it."""
+    with connection.cursor() as cursor:
+        adapt = connection.ops.adapt_datetimefield_value  # the column's own form on each database
+        cursor.executemany(TOUCH_SQL, [(adapt(at), pk) for pk, (at, _) in activity.items()])
+    for pk, (_, ready_at) in activity.items():
         if ready_at is not None:
             session_mark_ready(pk=pk, ready_at=ready_at)
 

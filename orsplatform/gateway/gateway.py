@@ -501,7 +501,9 @@ class EpisodeGateway:
     async def flush_activity(self) -> None:
         changed = [live for live in self.sessions.values()
                    if live.last_activity != live.flushed_activity or (live.ready_at and not live.ready_flushed)]
-        await self.store.flush_activity({live.pk: (live.last_activity_at(), live.ready_at) for live in changed})
+        # Readiness only until it is written once (it never changes again).
+        await self.store.flush_activity({live.pk: (live.last_activity_at(), None if live.ready_flushed else live.ready_at)
+                                         for live in changed})
         await self.limits.renew([(live.team_id, live.sid) for live in self.sessions.values()
                                  if live.team_id is not None]
                                 + [(d.team_id, sid) for sid, d in self.deferred.items()
