@@ -296,7 +296,7 @@ def handoff(task, app, consumer, **kwargs):
 HANDOFF = "orsplatform.runners.node:handoff"
 
 
-@app.task(name="ors.runner.setup", Strategy=HANDOFF)
+@app.task(name="runners.node.setup", Strategy=HANDOFF)
 def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets: dict, gateway: str,
           owner: dict | None = None) -> None:
     if sid in node.sessions:
@@ -317,7 +317,7 @@ def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets:
     node.submit(_setup(spec, gateway, owner or {}))
 
 
-@app.task(name="ors.runner.call", Strategy=HANDOFF)
+@app.task(name="runners.node.call", Strategy=HANDOFF)
 def call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:
     if task_id in node.seen_calls:
         return  # duplicate delivery: a tool call never runs twice
@@ -327,17 +327,17 @@ def call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, ga
     node.submit(_call(sid, task_id, name, tool_input, timeout, gateway))
 
 
-@app.task(name="ors.runner.prompt", Strategy=HANDOFF)
+@app.task(name="runners.node.prompt", Strategy=HANDOFF)
 def prompt(sid: str, request_id: str, gateway: str) -> None:
     node.submit(_reply(gateway, request_id, lambda: node.executor.prompt(sid)))
 
 
-@app.task(name="ors.runner.task_tools", Strategy=HANDOFF)
+@app.task(name="runners.node.task_tools", Strategy=HANDOFF)
 def task_tools(sid: str, request_id: str, gateway: str) -> None:
     node.submit(_reply(gateway, request_id, lambda: node.executor.task_tools(sid)))
 
 
-@app.task(name="ors.runner.teardown", Strategy=HANDOFF)
+@app.task(name="runners.node.teardown", Strategy=HANDOFF)
 def teardown(sid: str) -> None:
     node.submit(_teardown(sid))
 

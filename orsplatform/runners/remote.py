@@ -257,7 +257,7 @@ class CeleryExecutor(Executor):
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(self.keys.state(spec.sid), json.dumps({"state": "starting", **owner}),
                  ex=int(settings.ORS_STATE_TTL_SECONDS))
-        pipe.lpush(*self._message("ors.runner.setup", runner, spec.sid, spec.package_path, spec.entrypoint,
+        pipe.lpush(*self._message("runners.node.setup", runner, spec.sid, spec.package_path, spec.entrypoint,
                                   spec.task_spec, sealed, self.gateway, owner))
         try:
             await pipe.execute()
@@ -372,14 +372,14 @@ class CeleryExecutor(Executor):
             record = await self._state(sid)
         if record is not None and record.get("state") == "ready" and "prompt" in record:
             return record["prompt"]
-        return await self._request("ors.runner.prompt", sid)
+        return await self._request("runners.node.prompt", sid)
 
     def prompt_audit(self, sid: str) -> list[dict] | None:
         record = self._records.get(sid)
         return record.get("prompt_audit") if record is not None else None
 
     async def task_tools(self, sid: str) -> list[dict]:
-        return await self._request("ors.runner.task_tools", sid)
+        return await self._request("runners.node.task_tools", sid)
 
     async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
                    note: dict | None = None) -> CallOutcome:
@@ -394,7 +394,7 @@ class CeleryExecutor(Executor):
                 marker = {**note, "runner": runner, "gateway": self.gateway}
                 pipe.set(self.keys.call(task_id), json.dumps(marker), ex=int(settings.ORS_RESULT_TTL_SECONDS))
                 pipe.zadd(self.keys.calls, {task_id: time.time()})
-            pipe.lpush(*self._message("ors.runner.call", runner, sid, task_id, name, input, timeout, self.gateway))
+            pipe.lpush(*self._message("runners.node.call", runner, sid, task_id, name, input, timeout, self.gateway))
             await pipe.execute()
             return await self._await_result(task_id, runner, timeout, event)
         finally:
@@ -464,7 +464,7 @@ class CeleryExecutor(Executor):
                 # the teardown waits in the node's queue.
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.set(self.keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
-                pipe.lpush(*self._message("ors.runner.teardown", runner, sid))
+                pipe.lpush(*self._message("runners.node.teardown", runner, sid))
                 await pipe.execute()
             except Exception as exc:
                 log.warning("could not send teardown of %s to %s: %s", sid, runner, exc)

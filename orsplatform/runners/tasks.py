@@ -60,7 +60,7 @@ def reap_idle_sessions() -> int:
     expired = services.sessions_expire_idle(idle_before=idle_before, limit=BATCH)
     keys, client = _keys(), _redis()
     for sid, runner, _ in expired:
-        app.send_task("ors.runner.teardown", args=[sid], queue=worker_direct(runner_hostname(runner)))
+        app.send_task("runners.node.teardown", args=[sid], queue=worker_direct(runner_hostname(runner)))
     _forget(client, keys, [(sid, team_id) for sid, _, team_id in expired])
     if len(expired) == BATCH:
         reap_idle_sessions.delay()

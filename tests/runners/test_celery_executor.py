@@ -278,7 +278,7 @@ def test_a_duplicate_delivery_never_runs_a_call_twice(cluster, server_factory, o
     app.conf.update(task_serializer="json", accept_content=["json"])
     args = [sid, "duplicate-task-id", "guess", {"word": "zzzzz"}, 30, "nobody"]
     for _ in range(2):
-        app.send_task("ors.runner.call", args=args, queue=worker_direct(runner))
+        app.send_task("runners.node.call", args=args, queue=worker_direct(runner))
     key = f"{cluster.prefix}:result:duplicate-task-id"
     wait_until(lambda: cluster.redis.get(key), 10, "duplicate call result")
     r = httpx.post(f"{gateway.url}/wordle/call", headers=h(owner, sid), timeout=30,

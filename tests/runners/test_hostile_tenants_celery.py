@@ -92,7 +92,7 @@ def test_team_b_reaches_neither_redis_nor_team_a_on_a_runner_node(cluster, serve
     a_sid = open_session(base, owner, published, a_canary)
     stop.set()
     cluster.redis.ping()  # one more command ends the monitor loop
-    assert any("ors.runner.setup" in c or "lpush" in c.lower() for c in seen)
+    assert any("runners.node.setup" in c or "lpush" in c.lower() for c in seen)
     assert not any(a_canary in c for c in seen), "a secret crossed Redis in clear"
 
     b_canary = canary()
