@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -19,17 +19,25 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from orsplatform.openenv.episodes import OpenEnvSession, Uninterruptible
 from orsplatform.openenv.wire import CLOSE_POLICY, OpenEnvError, dumps, error_frame
 
-if TYPE_CHECKING:
-    from orsplatform.openenv.app import OpenEnvFace
-
 log = logging.getLogger("orsplatform.openenv")
 
 # A client sends one request and waits for its answer; a backlog past this is not a client.
 MAX_QUEUED = 64
 
 
+class SocketFace(Protocol):
+    """What the consumer asks of the face that routes to it (app.py's OpenEnvFace): declared here,
+    so that the consumer never imports the module that imports it."""
+
+    async def open_socket_session(self, scope: dict) -> tuple[Any, bool]: ...
+
+    async def socket_frame(self, session: Any, raw: Any, guard: Any) -> tuple[Any, Any]: ...
+
+    async def release_socket_session(self, session: Any, *, owns: bool) -> None: ...
+
+
 class OpenEnvConsumer(AsyncWebsocketConsumer):
-    def __init__(self, *, face: OpenEnvFace, **kwargs: Any) -> None:
+    def __init__(self, *, face: SocketFace, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.face = face
         self.session: OpenEnvSession | None = None
