@@ -77,6 +77,7 @@ class InlineExecutor(Executor):
         # on_lost(sids, reason): sessions whose worker ended (a runner node records them as lost).
         self.pool = SandboxPool(checked(config or sandbox_config(threads)), on_lost=on_lost)
         self._live: dict[str, _Live] = {}
+        self._teardowns: set[asyncio.Task] = set()
 
     async def start(self, spec: SessionSpec, runner: str = "") -> None:
         live = _Live()
@@ -165,9 +166,17 @@ class InlineExecutor(Executor):
                                audit_input=value.get("audit_input"))
 
     async def stop(self, sid: str) -> None:
+        # The session is gone for every request from here on; its teardown in the worker runs in
+        # the background (as on runner nodes, whose teardown is a message): the client's delete
+        # does not wait for a round trip to the worker and the environment's teardown().
         live = self._live.pop(sid, None)
         if live is None:
             return
+        task = asyncio.create_task(self._teardown(sid, live))
+        self._teardowns.add(task)
+        task.add_done_callback(self._teardowns.discard)
+
+    async def _teardown(self, sid: str, live: _Live) -> None:
         if live.setup_task is not None and not live.setup_task.done():
             live.setup_task.cancel()
             try:
@@ -188,6 +197,8 @@ class InlineExecutor(Executor):
     async def close(self) -> None:
         for sid in list(self._live):
             await self.stop(sid)
+        if self._teardowns:
+            await asyncio.wait(list(self._teardowns), timeout=TEARDOWN_SECONDS)
         await self.pool.close()
 
 
