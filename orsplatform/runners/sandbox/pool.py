@@ -133,9 +133,11 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp",
         # Few malloc arenas: the address-space limit would otherwise go to empty per-thread arenas.
         "--setenv", "MALLOC_ARENA_MAX", "2",
+        # The private /tmp first: the binds that follow may live under the host's /tmp (a checkout
+        # or a virtualenv there), and a tmpfs mounted after them would hide them.
+        "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
         *_system_binds(),
         "--proc", "/proc", "--dev", "/dev",
-        "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
         *binds,
         "--chdir", "/tmp",
     ]
