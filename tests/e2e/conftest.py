@@ -8,27 +8,6 @@ from tests.e2e.helpers import assert_log_clean
 from tests.fixtures.server import ServerProcess, start_server
 
 
-@pytest.fixture
-def servers(server_factory):
-    """Like ``server_factory``, but every server's log must be free of tracebacks at the end."""
-    started: list[ServerProcess] = []
-
-    def factory(**env: str) -> ServerProcess:
-        proc = server_factory(**env)
-        started.append(proc)
-        return proc
-
-    yield factory
-    for proc in started:
-        assert_log_clean(proc.log())
-
-
-@pytest.fixture
-def server(servers) -> ServerProcess:
-    """A daphne server with default settings."""
-    return servers()
-
-
 @pytest.fixture(params=["daphne", "uvicorn"])
 def any_servers(request, live_db, tmp_path):
     """Like ``servers``, once with daphne and once with uvicorn."""

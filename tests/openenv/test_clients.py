@@ -24,8 +24,8 @@ def call(name: str, **arguments) -> dict:
     return {"type": "call_tool", "tool_name": name, "arguments": arguments}
 
 
-def test_a_math_episode_earns_one_for_the_right_answer_and_zero_for_a_wrong_one(oe_server, owner):
-    with client(oe_server, "builtin/math", owner.headers) as env:
+def test_a_math_episode_earns_one_for_the_right_answer_and_zero_for_a_wrong_one(server, owner):
+    with client(server, "builtin/math", owner.headers) as env:
         first = env.reset(split="test", index=7)
         assert first.reward is None and first.done is False
         meta = first.observation["metadata"]
@@ -58,8 +58,8 @@ def test_a_math_episode_earns_one_for_the_right_answer_and_zero_for_a_wrong_one(
     assert rows[0].prompt and rows[0].team_id == owner.team.id
 
 
-def test_a_wordle_episode_takes_several_steps_and_rewards_at_the_end(oe_server, member):
-    with client(oe_server, "builtin/wordle", member.headers) as env:
+def test_a_wordle_episode_takes_several_steps_and_rewards_at_the_end(server, member):
+    with client(server, "builtin/wordle", member.headers) as env:
         start = env.reset(split="test", index=3)
         secret = start.observation["metadata"]["task_spec"]["secret_word"]
         rewards = []
@@ -74,8 +74,8 @@ def test_a_wordle_episode_takes_several_steps_and_rewards_at_the_end(oe_server, 
     assert session.calls == len(rewards) and session.total_reward == 1.0
 
 
-def test_vision_lists_its_task_tools_and_runs_them(oe_servers, owner):
-    server = oe_servers(server="uvicorn")  # the other ASGI server the platform runs on
+def test_vision_lists_its_task_tools_and_runs_them(servers, owner):
+    server = servers(server="uvicorn")  # the other ASGI server the platform runs on
     index = next(t.index for t in Task.objects.filter(split__environment__slug="vision", split__name="train")
                  .order_by("index") if t.spec.get("zoomable") and t.spec.get("hint"))
     with client(server, "builtin/vision", owner.headers) as env:
@@ -97,8 +97,8 @@ def test_vision_lists_its_task_tools_and_runs_them(oe_servers, owner):
 
 
 def test_a_tool_level_failure_is_an_observation_error_and_tool_code_raising_is_an_execution_error(
-        oe_server, owner):
-    with client(oe_server, "builtin/math", owner.headers) as env:
+        server, owner):
+    with client(server, "builtin/math", owner.headers) as env:
         env.reset()
         bad = env.step(call("submit", wrong_field=1))
         assert bad.done is False and bad.reward is None
@@ -110,9 +110,9 @@ def test_a_tool_level_failure_is_an_observation_error_and_tool_code_raising_is_a
         assert env.step(call("submit", answer="0")).done is True
 
 
-def test_the_mcp_tool_client_lists_and_calls_tools_on_an_attached_session(oe_server, owner):
+def test_the_mcp_tool_client_lists_and_calls_tools_on_an_attached_session(server, owner):
     async def episode() -> tuple[list[str], dict, dict]:
-        async with MCPToolClient(base_url=base_url(oe_server, "builtin/wordle"),
+        async with MCPToolClient(base_url=base_url(server, "builtin/wordle"),
                                  headers={"Authorization": f"Bearer {owner.token}"}) as env:
             names = [t.name for t in await env.list_tools()]
             reset = await env.reset(split="test", index=0)
@@ -131,9 +131,9 @@ def test_the_mcp_tool_client_lists_and_calls_tools_on_an_attached_session(oe_ser
     assert session.protocol == Session.Protocol.OPENENV and session.calls == 2
 
 
-def test_secrets_given_in_reset_reach_the_environment_and_never_the_audit_log(oe_server, owner):
+def test_secrets_given_in_reset_reach_the_environment_and_never_the_audit_log(server, owner):
     secret = "s3cr3t-openenv-value-42"
-    with client(oe_server, "builtin/math", owner.headers) as env:
+    with client(server, "builtin/math", owner.headers) as env:
         env.reset(split="test", index=1, secrets={"API_TOKEN": secret, "OTHER": {"value": secret + "-b"}})
         out = env.step(call("submit", answer=secret))
         assert out.observation["metadata"]["secrets_seen"] == ["API_TOKEN", "OTHER"]
@@ -143,8 +143,8 @@ def test_secrets_given_in_reset_reach_the_environment_and_never_the_audit_log(oe
 
 
 @pytest.mark.parametrize("headers", [{}, {"X-API-Key": "ors_00000000_00000000000000000000000000000000"}])
-def test_a_socket_without_a_valid_key_is_refused_with_an_error_frame(oe_server, headers):
-    with client(oe_server, "builtin/math", headers) as env:
+def test_a_socket_without_a_valid_key_is_refused_with_an_error_frame(server, headers):
+    with client(server, "builtin/math", headers) as env:
         with pytest.raises(RuntimeError, match="SESSION_ERROR"):
             env.reset()
     assert not Session.objects.exists()

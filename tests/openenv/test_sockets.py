@@ -33,8 +33,8 @@ def ask(ws: ClientConnection, frame) -> dict:
     return json.loads(ws.recv(timeout=30))
 
 
-def test_bad_frames_get_openenv_errors_and_the_socket_keeps_serving(oe_server, owner):
-    with open_socket(oe_server, "builtin/math", owner.headers) as ws:
+def test_bad_frames_get_openenv_errors_and_the_socket_keeps_serving(server, owner):
+    with open_socket(server, "builtin/math", owner.headers) as ws:
         assert ask(ws, "{not json")["data"]["code"] == "INVALID_JSON"
         assert ask(ws, "[1, 2]")["data"]["code"] == "VALIDATION_ERROR"
         unknown = ask(ws, {"type": "dance"})
@@ -71,24 +71,24 @@ def test_bad_frames_get_openenv_errors_and_the_socket_keeps_serving(oe_server, o
     wait_for(lambda: Session.objects.filter(status=Session.Status.DELETED).count() == 1, what="episode ended")
 
 
-def test_a_team_at_its_open_session_limit_gets_capacity_reached_then_a_close(oe_server, owner, member):
+def test_a_team_at_its_open_session_limit_gets_capacity_reached_then_a_close(server, owner, member):
     Team.objects.filter(pk=owner.team.pk).update(max_open_sessions=1)
     key_cache.clear()
-    with open_socket(oe_server, "builtin/math", owner.headers) as first:
+    with open_socket(server, "builtin/math", owner.headers) as first:
         assert ask(first, {"type": "reset", "data": {}})["type"] == "observation"
-        with open_socket(oe_server, "builtin/math", member.headers) as second:
+        with open_socket(server, "builtin/math", member.headers) as second:
             refused = ask(second, {"type": "reset", "data": {}})
             assert refused["data"]["code"] == "CAPACITY_REACHED" and "capacity" in refused["data"]["message"]
             with pytest.raises(ConnectionClosed) as closed:
                 second.recv(timeout=10)
             assert closed.value.rcvd.code == 4429
         # The unmodified client raises it, as for upstream's own capacity refusal.
-        with GenericEnvClient(base_url=base_url(oe_server, "builtin/math"), headers=member.headers).sync() as env:
+        with GenericEnvClient(base_url=base_url(server, "builtin/math"), headers=member.headers).sync() as env:
             with pytest.raises(RuntimeError, match="CAPACITY_REACHED"):
                 env.reset()
     # The slot is free again once the first socket is gone.
     wait_for(lambda: not Session.objects.filter(status__in=["creating", "ready"]).exists(), what="slot freed")
-    with GenericEnvClient(base_url=base_url(oe_server, "builtin/math"), headers=member.headers).sync() as env:
+    with GenericEnvClient(base_url=base_url(server, "builtin/math"), headers=member.headers).sync() as env:
         assert env.reset().done is False
 
 
@@ -98,9 +98,9 @@ def _drop(ws: ClientConnection) -> None:
     ws.socket.close()
 
 
-def test_a_dropped_socket_ends_its_episode_even_during_a_long_tool_call(oe_server, owner, tmp_path):
+def test_a_dropped_socket_ends_its_episode_even_during_a_long_tool_call(server, owner, tmp_path):
     publish_probe_sync(owner.team, tmp_path)
-    ws = open_socket(oe_server, PROBE, owner.headers)
+    ws = open_socket(server, PROBE, owner.headers)
     assert ask(ws, {"type": "reset", "data": {"split": "train", "index": 0}})["type"] == "observation"
     ws.send(json.dumps({"type": "step", "data": {"type": "call_tool", "tool_name": "nap",
                                                   "arguments": {"seconds": 60}}}))
@@ -113,35 +113,35 @@ def test_a_dropped_socket_ends_its_episode_even_during_a_long_tool_call(oe_serve
     assert session.ended_at is not None and session.protocol == Session.Protocol.OPENENV
 
 
-def test_a_dropped_idle_socket_ends_its_episode(oe_server, owner):
-    ws = open_socket(oe_server, "builtin/wordle", owner.headers)
+def test_a_dropped_idle_socket_ends_its_episode(server, owner):
+    ws = open_socket(server, "builtin/wordle", owner.headers)
     assert ask(ws, {"type": "reset", "data": {}})["type"] == "observation"
     _drop(ws)
     wait_for(lambda: Session.objects.filter(status=Session.Status.DELETED).exists(), timeout=10,
              what="episode ended after the drop")
 
 
-def test_another_teams_private_environment_answers_as_if_it_did_not_exist(oe_server, owner, outsider, tmp_path):
+def test_another_teams_private_environment_answers_as_if_it_did_not_exist(server, owner, outsider, tmp_path):
     publish_probe_sync(owner.team, tmp_path)
     answers = {}
     for env in (PROBE, "acme/nothing"):
-        with open_socket(oe_server, env, outsider.headers) as ws:
+        with open_socket(server, env, outsider.headers) as ws:
             frame = json.loads(ws.recv(timeout=10))
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=10)
         answers[env] = (frame["data"]["code"], frame["data"]["message"].replace(env, "X"), closed.value.rcvd.code)
     assert answers[PROBE] == answers["acme/nothing"] == ("SESSION_ERROR", "Environment 'X' not found.", 4404)
 
-    with httpx.Client(base_url=oe_server.url, headers=outsider.headers) as http:
+    with httpx.Client(base_url=server.url, headers=outsider.headers) as http:
         for path in ("health", "metadata", "schema", "splits"):
             assert http.get(f"/openenv/{PROBE}/{path}").status_code == 404
         r = http.post(f"/openenv/{PROBE}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create"})
         assert r.status_code == 404
-    with httpx.Client(base_url=oe_server.url, headers=owner.headers) as http:
+    with httpx.Client(base_url=server.url, headers=owner.headers) as http:
         assert http.get(f"/openenv/{PROBE}/health").json() == {"status": "healthy"}
 
     # An MCP session of the owner's team is not the outsider's to attach to or call.
-    with httpx.Client(base_url=oe_server.url) as http:
+    with httpx.Client(base_url=server.url) as http:
         created = http.post("/openenv/builtin/math/mcp", headers=owner.headers,
                             json={"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create"}).json()
         sid = created["result"]["session_id"]
@@ -149,24 +149,24 @@ def test_another_teams_private_environment_answers_as_if_it_did_not_exist(oe_ser
             "jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "submit", "arguments": {"answer": "1"}, "session_id": sid}}).json()
         assert r["error"]["code"] == -32602 and "Unknown session_id" in r["error"]["message"]
-    with open_socket(oe_server, "builtin/math", outsider.headers, f"?session_id={sid}") as ws:
+    with open_socket(server, "builtin/math", outsider.headers, f"?session_id={sid}") as ws:
         assert "Unknown session_id" in json.loads(ws.recv(timeout=10))["data"]["message"]
     assert not Session.objects.filter(team=outsider.team).exists()
 
 
 @pytest.mark.parametrize("path", ["/ws", "/builtin/math/ws", "/api/ws", "/openenv/builtin/math/nope",
                                   "/openenv/a/b/c/ws", "/openenv/ws"])
-def test_websockets_outside_an_openenv_socket_path_are_refused_never_a_500(oe_server, path):
+def test_websockets_outside_an_openenv_socket_path_are_refused_never_a_500(server, path):
     with pytest.raises(InvalidStatus) as refused:
-        connect(oe_server.url.replace("http://", "ws://") + path, open_timeout=10)
+        connect(server.url.replace("http://", "ws://") + path, open_timeout=10)
     assert refused.value.response.status_code == 403
 
 
-def test_a_tool_call_longer_than_the_keepalive_keeps_its_socket_and_answers(oe_server, owner, tmp_path):
+def test_a_tool_call_longer_than_the_keepalive_keeps_its_socket_and_answers(server, owner, tmp_path):
     # The client pings every half second and gives up after half a second without a pong; the call
     # takes seconds. The server answers pings while the call runs, so only message_timeout_s matters.
     publish_probe_sync(owner.team, tmp_path)
-    env = GenericEnvClient(base_url=base_url(oe_server, PROBE), headers=owner.headers, message_timeout_s=60,
+    env = GenericEnvClient(base_url=base_url(server, PROBE), headers=owner.headers, message_timeout_s=60,
                            websocket_ping_interval_s=0.5, websocket_ping_timeout_s=0.5).sync()
     with env:
         env.reset(split="train", index=0)
