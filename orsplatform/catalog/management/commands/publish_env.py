@@ -26,10 +26,14 @@ class Command(BaseCommand):
         if not source.exists():
             raise CommandError(f"No such file or folder: {path}")
         try:
-            result = environment_publish_path(team=team_obj, path=source, slug=slug, visibility=visibility)
+            # wait: a package with requirements is built here, its installer's output shown as it goes.
+            result = environment_publish_path(team=team_obj, path=source, slug=slug, visibility=visibility,
+                                              wait=True)
         except PublishError as exc:
             report = f"validation failed ({exc.check}): {exc}"
             raise CommandError(f"{report}\n{exc.traceback}".rstrip()) from exc
         version = result.version
+        if version.status == version.Status.FAILED:
+            raise CommandError(f"publishing failed ({version.error})")
         verb = "published" if result.created else "unchanged"
         self.stdout.write(f"{verb} {version.environment.full_name}@{version.number}")
