@@ -419,7 +419,8 @@ def version_build(*, version_id: int) -> EnvironmentVersion:
                 _version_fill(environment=environment, version=version, report=report, work=work,
                               task_files=task_files, manifest=version.manifest,
                               visibility=version.manifest.get("visibility"))
-        log.write(f"[platform] ready: {environment.full_name}@{version.number}")
+                # Before the commit: whoever sees the version ready sees this line too.
+                log.write(f"[platform] ready: {environment.full_name}@{version.number}")
         return version
     except pyenvs.BuildFailed as exc:
         return _version_fail(version, "requirements", f"Installing the requirements failed: {exc}", log)
