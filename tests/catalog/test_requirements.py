@@ -16,6 +16,8 @@ import httpx
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
+from openenv.core.generic_client import GenericEnvClient
+from openreward import OpenReward
 from ors.client import ORS
 
 from orsplatform.catalog import pyenvs
@@ -119,7 +121,7 @@ def test_a_requirement_on_another_sdk_version_is_refused_at_once_with_a_clear_me
 
 
 def test_a_package_needing_a_package_the_platform_lacks_publishes_over_rest_and_serves_episodes(
-        servers, owner, outsider, build_dirs):
+        servers, owner, outsider, build_dirs, monkeypatch):
     with pytest.raises(ImportError):
         __import__("easydict")  # the platform itself does not ship it
     server = servers(**build_dirs)
@@ -151,6 +153,42 @@ def test_a_package_needing_a_package_the_platform_lacks_publishes_over_rest_and_
             assert session.get_prompt()[0].text == "What is 3 + 4? (one)"
             out = session.call_tool("submit", {"answer": 7})
             assert (out.reward, out.finished, out.metadata) == (1.0, True, {"easydict": "1.13"})
+    episodes_with_openreward_and_openenv(server, owner, monkeypatch)
+
+
+def episodes_with_openreward_and_openenv(server, owner, monkeypatch) -> None:
+    """The second official client and an OpenEnv client on the published acme/edict."""
+    for name in ("OPENREWARD_SESSION_URL", "OPENREWARD_API_URL"):
+        monkeypatch.setenv(name, server.url)
+    monkeypatch.setenv("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+    monkeypatch.delenv("OPENREWARD_API_KEY", raising=False)
+    client = OpenReward(api_key=owner.token)
+    try:
+        env = client.environments.get("acme/edict")
+        with env.session(task=env.get_task("test", 2)) as session:
+            assert session.get_prompt()[0].text.startswith("What is 10 + 5?")
+            out = session.call_tool("submit", {"answer": 15})
+            assert (out.reward, out.finished) == (1.0, True)
+    finally:
+        client.close()
+    with GenericEnvClient(base_url=f"{server.url}/openenv/acme/edict", headers=owner.headers).sync() as openenv:
+        first = openenv.reset(split="test", index=0)
+        assert first.observation["metadata"]["prompt"][0]["text"].startswith("What is 1 + 2?")
+        step = openenv.step({"type": "call_tool", "tool_name": "submit", "arguments": {"answer": 4}})
+        assert (step.reward, step.done) == (0.0, True)
+        assert step.observation["result"]["metadata"] == {"easydict": "1.13"}
+
+
+def test_a_package_with_requirements_runs_on_runner_nodes_too(cluster, server_factory, owner, tmp_path, build_dirs):
+    call_command("publish_env", str(write_folder(tmp_path / "edict", edict("celery"))), team="acme", slug="edict")
+    cluster.start_runner()
+    gateway = server_factory(**cluster.env(), **build_dirs)
+    with ORS(base_url=gateway.url, api_key=owner.token) as client:
+        env = client.environment("acme/edict")
+        with env.session(task=env.get_task("test", 1)) as session:
+            assert session.get_prompt()[0].text == "What is 3 + 4? (celery)"
+            out = session.call_tool("submit", {"answer": 7})
+            assert (out.reward, out.metadata) == (1.0, {"easydict": "1.13"})
 
 
 def test_a_second_version_with_the_same_requirements_reuses_the_built_environment(owner, tmp_path, capsys):
