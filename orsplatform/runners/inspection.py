@@ -23,6 +23,7 @@ from django.conf import settings
 
 from orsplatform.runners.sandbox.config import SandboxConfig
 from orsplatform.runners.sandbox.inspect import child_command
+from orsplatform.runners.sandbox.pool import runtime_of
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ def run_child(*, module: str, package_dir: Path, work: Path, args: list[str], ti
               runtime: str | None = None) -> ChildRun:
     """Run `orsplatform.runners.<module> PACKAGE_DIR ARGS...` on a tenant's package; an argument
     `{work}/name` names the file `name` in `work`, wherever the child sees that directory.
-    `runtime` is the package's built Python environment (None: the platform's own)."""
+    `runtime` is the package's built Python environment; by default the one recorded beside a
+    stored package (sandbox/pool.runtime_of), else the platform's own."""
+    runtime = runtime or runtime_of(str(package_dir))
     scratch = work / "home"
     scratch.mkdir(parents=True, exist_ok=True)
     memory, file_bytes = settings.ORS_INSPECT_MEMORY_BYTES, settings.ORS_INSPECT_FILE_BYTES

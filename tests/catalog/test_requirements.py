@@ -360,3 +360,12 @@ def test_no_socket_is_left_behind_by_the_registry_proxy(tmp_path):
             s.sendall(b"GET http://pypi.org/ HTTP/1.1\r\n\r\n")
             assert s.recv(100).startswith(b"HTTP/1.1 403")
     assert not (tmp_path / "p.sock").exists() and "refused" in lines[0]
+
+
+def test_the_environment_pages_render_a_prompt_in_the_versions_own_environment(owner, tmp_path):
+    from orsplatform.hub.services import task_prompt_render
+
+    call_command("publish_env", str(write_folder(tmp_path / "edict", edict("page"))), team="acme", slug="edict")
+    rendered = task_prompt_render(version=_version("edict", 1), spec={"question": "What is 2 + 2?", "answer": 4})
+    assert rendered["ok"] is True, rendered
+    assert rendered["blocks"][0]["text"] == "What is 2 + 2? (page)"
