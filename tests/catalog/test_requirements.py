@@ -65,8 +65,12 @@ EDICT_ENV = textwrap.dedent('''
 ''')
 
 
-def edict(flavour: str = "one", requirement: str = "easydict==1.13") -> dict[str, str]:
-    return {"env.py": EDICT_ENV.replace("FLAVOUR_VALUE", flavour), "requirements.txt": f"{requirement}\n"}
+def edict(flavour: str = "one", requirement: str = "easydict==1.13", sdk: str = "ors") -> dict[str, str]:
+    """The package; ``sdk="openreward"`` writes the same environment against openreward.environments."""
+    source = EDICT_ENV.replace("FLAVOUR_VALUE", flavour)
+    if sdk == "openreward":
+        source = source.replace("from ors import", "from openreward.environments import")
+    return {"env.py": source, "requirements.txt": f"{requirement}\n"}
 
 
 def _version(slug: str, number: int) -> EnvironmentVersion:
@@ -120,14 +124,15 @@ def test_a_requirement_on_another_sdk_version_is_refused_at_once_with_a_clear_me
 # --- builds ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("sdk", ["openreward", "ors"])
 def test_a_package_needing_a_package_the_platform_lacks_publishes_over_rest_and_serves_episodes(
-        servers, owner, outsider, build_dirs, monkeypatch):
+        servers, owner, outsider, build_dirs, monkeypatch, sdk):
     with pytest.raises(ImportError):
         __import__("easydict")  # the platform itself does not ship it
     server = servers(**build_dirs)
     headers = {"X-API-Key": owner.token}
     r = httpx.post(f"{server.url}/api/v1/environments/acme/edict/versions", headers=headers,
-                   files={"package": ("edict.zip", zip_bytes(edict()))}, timeout=60)
+                   files={"package": ("edict.zip", zip_bytes(edict(sdk=sdk)))}, timeout=60)
     assert r.status_code == 202, r.text
     body = r.json()
     assert body["status"] == "building" and body["requirements"] == ["easydict==1.13"]
