@@ -197,11 +197,11 @@ def test_a_package_with_requirements_runs_on_runner_nodes_too(cluster, server_fa
 
 
 def test_a_second_version_with_the_same_requirements_reuses_the_built_environment(owner, tmp_path, capsys):
-    first_dir = write_folder(tmp_path / "v1", edict("one"))
+    first_dir = write_folder(tmp_path / "v1", edict("one", sdk="openreward"))
     started = time.monotonic()
     call_command("publish_env", str(first_dir), team="acme", slug="edict")
     first_seconds = time.monotonic() - started
-    second_dir = write_folder(tmp_path / "v2", edict("two"))
+    second_dir = write_folder(tmp_path / "v2", edict("two", sdk="openreward"))
     started = time.monotonic()
     call_command("publish_env", str(second_dir), team="acme", slug="edict")
     second_seconds = time.monotonic() - started
@@ -263,7 +263,8 @@ def test_the_cli_prints_one_line_when_a_build_fails(owner, tmp_path):
 def test_the_console_follows_a_build_from_building_to_ready(owner, member, outsider):
     client = login(owner)
     r = client.post("/console/acme/environments/publish",
-                    {"package": SimpleUploadedFile("edict.zip", zip_bytes(edict("console"))), "slug": "edict"})
+                    {"package": SimpleUploadedFile("edict.zip", zip_bytes(edict("console", sdk="openreward"))),
+                     "slug": "edict"})
     assert r.status_code == 302 and r["Location"] == "/console/acme/environments/edict/versions/1/build"
     page = client.get(r["Location"])
     assert page.status_code == 200
