@@ -18,12 +18,13 @@ import os
 import sys
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy one direction of a connection until it ends (the registry proxy uses it too)."""
     try:
         while chunk := await reader.read(65536):
             writer.write(chunk)
             await writer.drain()
-    except (ConnectionError, OSError):
+    except (ConnectionError, OSError, asyncio.CancelledError):
         pass
     finally:
         writer.close()
@@ -35,7 +36,7 @@ async def _forward(socket_path: str, reader: asyncio.StreamReader, writer: async
     except OSError:
         writer.close()
         return
-    await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+    await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
 
 async def main_async(socket_path: str, commands: list[list[str]]) -> int:

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from orsplatform.runners.sandbox.build import pipe
+
 HEAD_LIMIT = 8192
 
 
@@ -86,15 +88,5 @@ class RegistryProxy:
             writer.close()
             return
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while chunk := await reader.read(65536):
-            writer.write(chunk)
-            await writer.drain()
-    except (ConnectionError, OSError, asyncio.CancelledError):
-        pass
-    finally:
-        writer.close()
