@@ -28,8 +28,10 @@ class Command(BaseCommand):
         try:
             result = environment_publish_path(team=team_obj, path=source, slug=slug, visibility=visibility)
         except PublishError as exc:
-            report = f"validation failed ({exc.check}): {exc}"
-            raise CommandError(f"{report}\n{exc.traceback}".rstrip()) from exc
+            # One line; the package's own traceback (never the platform's) with -v 2.
+            if exc.traceback and options.get("verbosity", 1) >= 2:
+                self.stderr.write(exc.traceback.rstrip())
+            raise CommandError(f"publishing {source.name} failed: {exc.summary()}") from None
         version = result.version
         verb = "published" if result.created else "unchanged"
         self.stdout.write(f"{verb} {version.environment.full_name}@{version.number}")
