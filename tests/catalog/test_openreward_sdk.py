@@ -176,3 +176,65 @@ def test_an_openreward_environment_runs_on_the_celery_executor(cluster, server_f
     httpx.post(f"{gateway.url}/delete", headers=headers, timeout=30)
     wait_until(lambda: Session.objects.get(sid=sid).status == "deleted", 10, "session deleted")
     assert Session.objects.get(sid=sid).runner
+
+
+# What the openreward SDK adds: a conversation prompt (get_messages), a @terminal tool, async setup.
+CHAT_ENV = '''
+from openreward.environments import Environment, Message, Split, TextBlock, ToolOutput, terminal, tool
+from pydantic import BaseModel
+
+
+class Final(BaseModel):
+    text: str
+
+
+class Chat(Environment):
+    @classmethod
+    def list_splits(cls):
+        return [Split(name="train", type="train")]
+
+    @classmethod
+    async def list_tasks(cls, split):
+        return [{"q": "hi"}, {"q": "bye"}]
+
+    async def setup(self):
+        self.ready = True
+
+    def get_messages(self):
+        return [Message(role="system", blocks=[TextBlock(text="Be brief.")]),
+                Message(role="user", blocks=[TextBlock(text=self.task_spec["q"])])]
+
+    @tool
+    def look(self) -> ToolOutput:
+        """Look around."""
+        return ToolOutput(blocks=[TextBlock(text="a room")])
+
+    @terminal
+    @tool
+    async def submit(self, params: Final) -> ToolOutput:
+        """The final message."""
+        return ToolOutput(blocks=[TextBlock(text=params.text)], reward=1.0 if self.ready else 0.0, finished=True)
+'''
+
+
+async def test_openreward_conversation_prompts_and_terminal_tools_keep_their_sdk_meaning(client, owner):
+    from orsplatform.catalog.models import EnvironmentVersion
+    from orsplatform.hub.services import task_prompt_render
+    from tests.catalog.support import in_thread
+
+    r = await in_thread(publish)(owner, "chat", "chat.py", CHAT_ENV)
+    assert r.status_code == 201, r.json()
+    # The terminal tool is not offered to the model, as on the SDK's own server.
+    assert [t["name"] for t in r.json()["tools"]] == ["look"]
+    sid = await start_episode(client, owner.headers, env="acme/chat", split="train", index=1)
+    headers = {**owner.headers, "X-Session-ID": sid}
+    prompt = (await client.get("/prompt", headers=headers)).json()
+    assert [b["text"] for b in prompt] == ["[system]", "Be brief.", "[user]", "bye"]
+    assert prompt[0]["detail"] == {"role": "system"}
+    # ...but it is called by name, after the async setup ran.
+    r = await client.post("/call", headers=headers, json={"name": "submit", "input": {"text": "done"}})
+    assert sse_result(r.text)["output"]["reward"] == 1.0
+    # The environment pages render the same prompt without setup().
+    version = await in_thread(lambda: EnvironmentVersion.objects.get(environment__slug="chat"))()
+    rendered = await in_thread(task_prompt_render)(version=version, spec={"q": "hi"})
+    assert [b["text"] for b in rendered["blocks"]] == ["[system]", "Be brief.", "[user]", "hi"], rendered

@@ -148,6 +148,24 @@ def _defer_openreward_init() -> None:
     sys.modules.setdefault("openreward", module)
 
 
+def _quiet_openreward_logs() -> None:
+    """The openreward SDK logs every tool call at INFO (to this worker's stderr); the audit log has
+    those calls already. Its dispatcher's logger keeps warnings and errors. (Not by its
+    OPENREWARD_LOG_LEVEL variable: tenant code sees no variable of the platform's.)"""
+    module = sys.modules.get("openreward.environments.environment")
+    logger = getattr(module, "logger", None)
+    try:
+        import logging
+
+        import structlog
+
+        module.logger = structlog.wrap_logger(  # type: ignore[union-attr]
+            logger._logger, processors=logger._processors,
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)).bind(**logger._context)
+    except Exception:
+        pass  # another SDK release: its INFO lines go to stderr, nothing worse
+
+
 def register_package(package_dir: str) -> str:
     root = Path(package_dir).resolve()
     name = "orspkg_" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
@@ -191,6 +209,8 @@ class Host:
             cls = self._cls.get(entrypoint)
             if cls is None:
                 cls = self._cls[entrypoint] = self._import(entrypoint)
+                if not issubclass(cls, self.Environment):
+                    _quiet_openreward_logs()
         return cls
 
     def _import(self, entrypoint: str) -> type:
@@ -405,10 +425,6 @@ async def main_async(package_dir: str, threads: int, fd_in: int, fd_out: int) ->
 
 def main() -> None:
     package_dir, threads = sys.argv[1], int(sys.argv[2])
-    # The openreward SDK logs every tool call at INFO; the audit log has them already, and the
-    # worker's stderr tail is kept for the reason it died.
-    os.environ.setdefault("OPENREWARD_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
     # The protocol moves off fds 0 and 1, so a tenant's print() (or a library's) goes to stderr
     # instead of corrupting the framing.
     fd_in, fd_out = os.dup(0), os.dup(1)
