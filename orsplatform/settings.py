@@ -173,6 +173,8 @@ CELERY_BEAT_SCHEDULE: dict = {
                               "schedule": env_float("ORS_SWEEP_EVERY_SECONDS", 30.0)},
     # Folds new tool calls into the analytics rollups (bounded batches; a backlog re-queues itself).
     "analytics-rollup": {"task": "analytics.rollup_tool_calls", "schedule": 30.0},
+    # Builds whose process died end as failed; Python environments no version uses are removed.
+    "collect-pyenvs": {"task": "catalog.collect_pyenvs", "schedule": 600.0},
 }
 
 # --- ORS platform settings ------------------------------------------------------------------------
@@ -253,6 +255,23 @@ ORS_MAX_TASK_BYTES = env_int("ORS_MAX_TASK_BYTES", 8 * 1024 * 1024)  # one task 
 ORS_UPLOAD_DIR = Path(os.environ.get("ORS_UPLOAD_DIR", VAR_DIR / "uploads"))
 # Large uploads stream to disk instead of memory; task files are read from there, never whole.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+
+# Packages with requirements (requirements.txt, pyproject.toml, manifest `requirements`) run in a
+# Python environment built for them by uv in the sandbox (catalog/pyenvs.py), reaching only the
+# registry's hosts. Identical requirement sets share one environment; unused ones are removed.
+ORS_PYENV_DIR = Path(os.environ.get("ORS_PYENV_DIR", VAR_DIR / "pyenvs"))
+# uv's cache inside the environments' folder: one filesystem and one mount in the build sandbox,
+# so installs are hard links into the cache rather than copies.
+ORS_UV_CACHE_DIR = Path(os.environ.get("ORS_UV_CACHE_DIR", ORS_PYENV_DIR / ".uv-cache"))
+ORS_BUILD_LOG_DIR = Path(os.environ.get("ORS_BUILD_LOG_DIR", VAR_DIR / "builds"))
+ORS_BUILD_INDEX_URL = os.environ.get("ORS_BUILD_INDEX_URL", "https://pypi.org/simple")
+ORS_BUILD_ALLOWED_HOSTS = [h.strip() for h in os.environ.get(
+    "ORS_BUILD_ALLOWED_HOSTS", "pypi.org,files.pythonhosted.org").split(",") if h.strip()]
+ORS_BUILD_TIMEOUT_SECONDS = env_float("ORS_BUILD_TIMEOUT_SECONDS", 900.0)
+ORS_BUILD_MEMORY_MB = env_int("ORS_BUILD_MEMORY_MB", 4096)
+ORS_BUILD_DISK_MB = env_int("ORS_BUILD_DISK_MB", 4096)  # one environment's files, and any one file
+# An environment no version uses is removed after this long (a build in progress is never).
+ORS_PYENV_GRACE_SECONDS = env_float("ORS_PYENV_GRACE_SECONDS", 3600.0)
 
 # --- Evaluations (orsplatform/evals): the platform as an AAP v1 application --------------------------
 # Key material for agents' API keys and runs' secrets at rest (Fernet); set it in production so that

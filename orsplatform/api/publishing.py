@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.http import Http404
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
@@ -52,15 +53,23 @@ class VersionSerializer(serializers.Serializer):
     number = serializers.IntegerField()
     content_hash = serializers.CharField()
     entrypoint = serializers.CharField()
-    status = serializers.CharField()
+    status = serializers.CharField(help_text="building (installing requirements), ready or failed")
     current = serializers.SerializerMethodField()
     tools = serializers.JSONField()
     splits = serializers.JSONField()
     manifest = serializers.JSONField()
+    requirements = serializers.JSONField(help_text="What the package asks to have installed; [] runs on the "
+                                                   "platform's own runtime.")
+    notes = serializers.JSONField(help_text="What the platform noticed but does not use (a Dockerfile).")
+    error = serializers.CharField(help_text="Why a failed version failed: '<check>: <message>'.")
+    build_log = serializers.SerializerMethodField(help_text="The tail of the requirements build's log.")
     created_at = serializers.DateTimeField()
 
     def get_current(self, version: EnvironmentVersion) -> bool:
         return version.environment.current_version_id == version.id
+
+    def get_build_log(self, version: EnvironmentVersion) -> str:
+        return selectors.version_build_log(version=version)
 
 
 class PublishedSerializer(VersionSerializer):
@@ -188,7 +197,11 @@ class VersionListView(APIView):
         return Response(VersionSerializer(selectors.versions_of(environment=environment), many=True).data)
 
     @extend_schema(request=PACKAGE_REQUEST,
-                   responses={201: PublishedSerializer, 200: PublishedSerializer, 400: PublishFailureSerializer})
+                   parameters=[OpenApiParameter("wait", bool, OpenApiParameter.QUERY, required=False,
+                                                description="Build a package's requirements within the request "
+                                                            "(else 202 and the version shows the build).")],
+                   responses={201: PublishedSerializer, 200: PublishedSerializer, 202: PublishedSerializer,
+                              400: PublishFailureSerializer})
     def post(self, request, team: str, slug: str):
         caller = _own_team(request, team)
         limit = settings.ORS_MAX_PACKAGE_BYTES
@@ -202,24 +215,35 @@ class VersionListView(APIView):
         visibility = request.data.get("visibility") or None
         if visibility is not None and visibility not in Environment.Visibility.values:
             raise ValidationError(f"Unknown visibility {visibility!r}: public or private.")
+        # ?wait=1: a package with requirements is built within the request (scripts that want the
+        # outcome in one call); by default the answer is 202 and the version shows the build.
+        wait = request.query_params.get("wait", "").lower() in ("1", "true", "yes")
         team_obj = Team.objects.get(id=caller.team_id)
         path = save_upload(upload)
         try:
             result = environment_publish_path(team=team_obj, path=path, filename=upload.name, slug=slug,
-                                              visibility=visibility)
+                                              visibility=visibility, wait=wait)
         except PublishError as exc:
             code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE if exc.check == "size" else status.HTTP_400_BAD_REQUEST
             return Response({"detail": str(exc), "check": exc.check, "traceback": exc.traceback}, status=code)
         finally:
             remove_quietly(path)
+        if result.version.status == EnvironmentVersion.Status.FAILED:
+            check, _, detail = result.version.error.partition(": ")
+            return Response({"detail": detail, "check": check, "traceback": "",
+                             "version": VersionSerializer(result.version).data}, status=status.HTTP_400_BAD_REQUEST)
         data = dict(VersionSerializer(result.version).data)
         data["created"] = result.created
         data["validation"] = _validation_summary(result.report)
+        if result.version.status == EnvironmentVersion.Status.BUILDING:
+            # Accepted: its requirements are being installed; GET the version to follow the build.
+            return Response(data, status=status.HTTP_202_ACCEPTED, headers={"Location": reverse(
+                "api-version", args=[team, result.version.environment.slug, result.version.number])})
         return Response(data, status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
 
 
 def _validation_summary(report: dict) -> dict:
-    if not report:
+    if not report or "tools" not in report:
         return {}
     return {"entrypoint": report.get("entrypoint"), "tools": [t["name"] for t in report.get("tools", [])],
             "splits": report.get("splits", []), "class_task_counts": report.get("task_counts", {}),

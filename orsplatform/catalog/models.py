@@ -37,6 +37,7 @@ class EnvironmentVersion(models.Model):
 
     class Status(models.TextChoices):
         VALIDATING = "validating"
+        BUILDING = "building"  # its requirements are being installed (catalog/pyenvs.py)
         READY = "ready"
         FAILED = "failed"
 
@@ -51,6 +52,12 @@ class EnvironmentVersion(models.Model):
     manifest = models.JSONField(default=dict)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)
     error = models.TextField(blank=True)
+    # What the package asks to have installed (normalized), and the key of the Python environment
+    # built for it (a folder of ORS_PYENV_DIR); empty: it runs on the platform's own runtime.
+    requirements = models.JSONField(default=list)
+    pyenv = models.CharField(max_length=64, blank=True)
+    # What the platform noticed but does not use (a Dockerfile), shown on the version.
+    notes = models.JSONField(default=list)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
 

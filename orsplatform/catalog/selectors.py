@@ -175,6 +175,14 @@ def version_of(*, environment: Environment, number: int) -> EnvironmentVersion |
     return environment.versions.filter(number=number).first()
 
 
+def version_build_log(*, version: EnvironmentVersion, lines: int = 40) -> str:
+    """The tail of a version's build (the installer's output; empty for a version without
+    requirements). Kept after the build so a ready version still shows what was installed."""
+    from orsplatform.catalog.pyenvs import log_tail
+
+    return log_tail(version.id, lines) if version.requirements else ""
+
+
 def splits_of(*, environment: Environment) -> list[Split]:
     return list(Split.objects.filter(environment=environment).order_by("id"))
 

@@ -6,6 +6,7 @@ import logging
 import re
 import shutil
 import tempfile
+import threading
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from orsplatform.catalog import ingest, packages
+from orsplatform.catalog import ingest, packages, pyenvs
+from orsplatform.catalog import requirements as package_requirements
 from orsplatform.catalog.errors import one_line, tenant_output
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
@@ -133,7 +135,8 @@ def manifest_validate(manifest: dict) -> dict:
     return manifest
 
 
-def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None = None) -> dict:
+def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None = None,
+             runtime: str | None = None) -> dict:
     """The inspector's report on ``package_dir`` (runners/inspector.py, run as a contained child by
     runners/inspection.py: the workers' sandbox, a wall-clock limit, memory and file-size rlimits,
     its whole process group killed at the end), or PublishError."""
@@ -142,7 +145,8 @@ def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None
         (work / "sample.json").write_text(json.dumps(sample))
         args.append("{work}/sample.json")
     timeout = settings.ORS_INSPECT_TIMEOUT_SECONDS
-    run = run_child(module="inspector", package_dir=package_dir, work=work, args=args, timeout=timeout)
+    run = run_child(module="inspector", package_dir=package_dir, work=work, args=args, timeout=timeout,
+                    runtime=runtime)
     try:
         report = json.loads((work / "report.json").read_text())
     except (OSError, ValueError):
@@ -221,7 +225,7 @@ def _ingest_into(environment: Environment, name: str, type: str, path: Path, fmt
 
 def environment_publish(
     *, team: Team, source_dir: Path, created_by=None, slug: str | None = None, visibility: str | None = None,
-    default_slug: str | None = None,
+    default_slug: str | None = None, wait: bool = False,
 ) -> PublishResult:
     """Publish a package directory as a new immutable version (a no-op for identical content).
 
@@ -244,27 +248,38 @@ def environment_publish(
 
     existing = EnvironmentVersion.objects.filter(
         environment__team=team, environment__slug=slug, content_hash=content_hash,
-        status=EnvironmentVersion.Status.READY,
+        status__in=(EnvironmentVersion.Status.READY, EnvironmentVersion.Status.BUILDING),
     ).first()
     if existing is not None:
         return PublishResult(version=existing, created=False)
+    try:
+        requirements = package_requirements.collect(source_dir, manifest)
+    except package_requirements.RequirementsError as exc:
+        raise PublishError(str(exc), check="requirements") from exc
+    notes = package_requirements.notes(source_dir)
+    if requirements:
+        return _version_queue_build(team=team, slug=slug, manifest=manifest, visibility=visibility,
+                                    content_hash=content_hash, source_dir=source_dir, requirements=requirements,
+                                    notes=notes, created_by=created_by, wait=wait)
 
     with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
         work = Path(tmp)
-        shutil.copytree(source_dir, work / "pkg", ignore=shutil.ignore_patterns(*IGNORED_NAMES, "*.pyc"))
-        sample = next((t for t in (_first_task(p, f) for p, f in task_files.values()) if t is not None), None)
-        report = _inspect(work / "pkg", manifest.get("entrypoint", ""), work, sample)
-        declared = {s["name"]: s for s in report["splits"]}
-        undeclared = sorted(set(task_files) - set(declared))
-        if undeclared:
-            raise PublishError(f"Task files for splits that list_splits() does not declare: {', '.join(undeclared)}.",
-                               check="tasks")
+        report = _inspect_copy(source_dir, manifest, task_files, work)
         fresh = not (settings.ORS_PACKAGE_DIR / content_hash).exists()
         stored = _store_package(source_dir, content_hash)
         try:
-            return _version_create(team=team, slug=slug, manifest=manifest, visibility=visibility,
-                                   content_hash=content_hash, stored=stored, report=report, work=work,
-                                   task_files=task_files, created_by=created_by)
+            with transaction.atomic():
+                environment = _environment_locked(team=team, slug=slug, manifest=manifest, visibility=visibility)
+                raced = environment.versions.filter(content_hash=content_hash).first()
+                if raced is not None and raced.status == EnvironmentVersion.Status.READY:
+                    # an identical upload finished while this one was validating
+                    return PublishResult(version=raced, created=False, report=report)
+                version = _version_row(environment=environment, reuse=raced, content_hash=content_hash,
+                                       stored=stored, manifest=manifest, created_by=created_by, requirements=[],
+                                       notes=notes, status=EnvironmentVersion.Status.READY)
+                _version_fill(environment=environment, version=version, report=report, work=work,
+                              task_files=task_files, manifest=manifest, visibility=visibility)
+            return PublishResult(version=version, created=True, report=report)
         except BaseException:
             # Nothing half-published: a package stored for this attempt alone goes with it.
             if fresh and not EnvironmentVersion.objects.filter(content_hash=content_hash).exists():
@@ -272,54 +287,204 @@ def environment_publish(
             raise
 
 
-def _version_create(*, team: Team, slug: str, manifest: dict, visibility: str | None, content_hash: str,
-                    stored: Path, report: dict, work: Path, task_files: dict, created_by) -> PublishResult:
-    with transaction.atomic():
-        environment, _ = Environment.objects.select_for_update().get_or_create(
-            team=team, slug=slug,
-            defaults={"description": manifest.get("description", ""),
-                      "visibility": visibility or Environment.Visibility.PRIVATE},
-        )
-        raced = environment.versions.filter(content_hash=content_hash).first()
-        if raced is not None:  # an identical upload finished while this one was validating
-            return PublishResult(version=raced, created=False, report=report)
-        number = (environment.versions.aggregate(n=Max("number"))["n"] or 0) + 1
-        version = EnvironmentVersion.objects.create(
-            environment=environment, number=number, content_hash=content_hash, package_path=str(stored),
-            entrypoint=report["entrypoint"], tools=report["tools"], splits=report["splits"],
-            manifest=manifest, status=EnvironmentVersion.Status.READY, created_by=created_by,
-        )
-        for position, split in enumerate(report["splits"]):
-            name, type_ = split["name"], split["type"]
-            # A split's tasks are replaced only by tasks the package brings (a task file wins over
-            # the class's list); otherwise the tasks uploaded earlier stay.
-            if name in task_files:
-                path, fmt = task_files[name]
-                _ingest_into(environment, name, type_, path, fmt, f"tasks/{path.name}")
-            elif report["task_counts"].get(name):
-                _ingest_into(environment, name, type_, work / "tasks" / f"{position}.jsonl", "jsonl",
-                             f"tasks listed by the class for split '{name}'")
-            else:
-                Split.objects.update_or_create(environment=environment, name=name, defaults={"type": type_})
+def _inspect_copy(package_dir: Path, manifest: dict, task_files: dict, work: Path,
+                  runtime: str | None = None) -> dict:
+    """Inspect a throwaway copy of the package (what tenant code does while being inspected never
+    reaches the stored package); task files must name declared splits."""
+    shutil.copytree(package_dir, work / "pkg", ignore=shutil.ignore_patterns(*IGNORED_NAMES, "*.pyc"))
+    sample = next((t for t in (_first_task(p, f) for p, f in task_files.values()) if t is not None), None)
+    report = _inspect(work / "pkg", manifest.get("entrypoint", ""), work, sample, runtime=runtime)
+    declared = {s["name"] for s in report["splits"]}
+    undeclared = sorted(set(task_files) - declared)
+    if undeclared:
+        raise PublishError(f"Task files for splits that list_splits() does not declare: {', '.join(undeclared)}.",
+                           check="tasks")
+    return report
+
+
+def _environment_locked(*, team: Team, slug: str, manifest: dict, visibility: str | None) -> Environment:
+    environment, _ = Environment.objects.select_for_update().get_or_create(
+        team=team, slug=slug,
+        defaults={"description": manifest.get("description", ""),
+                  "visibility": visibility or Environment.Visibility.PRIVATE},
+    )
+    return environment
+
+
+def _version_row(*, environment: Environment, reuse: EnvironmentVersion | None, content_hash: str, stored: Path,
+                 manifest: dict, created_by, requirements: list[str], notes: list[str],
+                 status: str) -> EnvironmentVersion:
+    """A new numbered version, or the failed attempt at the same content taken up again (its number
+    kept: the content hash is unique per environment)."""
+    fields = {"package_path": str(stored), "manifest": manifest, "requirements": requirements, "notes": notes,
+              "status": status, "error": "", "created_by": created_by}
+    if reuse is not None:
+        for name, value in fields.items():
+            setattr(reuse, name, value)
+        reuse.save()
+        return reuse
+    number = (environment.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+    return EnvironmentVersion.objects.create(environment=environment, number=number, content_hash=content_hash,
+                                             entrypoint="", **fields)
+
+
+def _version_fill(*, environment: Environment, version: EnvironmentVersion, report: dict, work: Path,
+                  task_files: dict, manifest: dict, visibility: str | None) -> None:
+    """Write what inspection found (tools, splits, tasks) and make the version current, unless a
+    newer version became current meanwhile. Callers hold a transaction and the environment's lock."""
+    version.entrypoint, version.tools, version.splits = report["entrypoint"], report["tools"], report["splits"]
+    version.status = EnvironmentVersion.Status.READY
+    version.save(update_fields=["entrypoint", "tools", "splits", "status", "pyenv"])
+    for position, split in enumerate(report["splits"]):
+        name, type_ = split["name"], split["type"]
+        # A split's tasks are replaced only by tasks the package brings (a task file wins over
+        # the class's list); otherwise the tasks uploaded earlier stay.
+        if name in task_files:
+            path, fmt = task_files[name]
+            _ingest_into(environment, name, type_, path, fmt, f"tasks/{path.name}")
+        elif report["task_counts"].get(name):
+            _ingest_into(environment, name, type_, work / "tasks" / f"{position}.jsonl", "jsonl",
+                         f"tasks listed by the class for split '{name}'")
+        else:
+            Split.objects.update_or_create(environment=environment, name=name, defaults={"type": type_})
+    current = environment.current_version
+    if current is None or current.number < version.number:
         environment.current_version = version
-        environment.description = manifest.get("description", environment.description)
-        update = ["current_version", "description"]
-        if visibility is not None:
-            environment.visibility = visibility
-            update.append("visibility")
-        environment.save(update_fields=update)
-    return PublishResult(version=version, created=True, report=report)
+    environment.description = manifest.get("description", environment.description)
+    update = ["current_version", "description"]
+    if visibility is not None:
+        environment.visibility = visibility
+        update.append("visibility")
+    environment.save(update_fields=update)
+
+
+def _version_queue_build(*, team: Team, slug: str, manifest: dict, visibility: str | None, content_hash: str,
+                         source_dir: Path, requirements: list[str], notes: list[str], created_by,
+                         wait: bool) -> PublishResult:
+    """A package with requirements: store it, record the version as ``building`` and build its
+    Python environment, then inspect it there (version_build). ``wait``: build now, in this
+    process (the CLI); else on a Celery worker, or a thread of this process on the embedded
+    default, while the console and the REST API show the build's log."""
+    stored = _store_package(source_dir, content_hash)
+    if visibility is not None:
+        manifest = {**manifest, "visibility": visibility}  # applied when the build succeeds
+    with transaction.atomic():
+        environment = _environment_locked(team=team, slug=slug, manifest=manifest, visibility=visibility)
+        raced = environment.versions.filter(content_hash=content_hash).first()
+        if raced is not None and raced.status != EnvironmentVersion.Status.FAILED:
+            return PublishResult(version=raced, created=False)
+        version = _version_row(environment=environment, reuse=raced, content_hash=content_hash, stored=stored,
+                               manifest=manifest, created_by=created_by, requirements=requirements, notes=notes,
+                               status=EnvironmentVersion.Status.BUILDING)
+        pyenvs.log_path(version.id).unlink(missing_ok=True)
+    if wait:
+        version = version_build(version_id=version.id)
+    else:
+        _build_dispatch(version.id)
+    return PublishResult(version=version, created=True, report={"building": not wait})
+
+
+def _build_dispatch(version_id: int) -> None:
+    from orsplatform.catalog.tasks import build_version
+
+    if settings.CELERY_TASK_ALWAYS_EAGER:
+        # The embedded default has no worker: build beside the server, so the request answers at
+        # once and the version's page shows the build as it goes.
+        threading.Thread(target=_build_in_thread, args=(version_id,), name=f"build-{version_id}",
+                         daemon=True).start()
+    else:
+        build_version.delay(version_id)
+
+
+def _build_in_thread(version_id: int) -> None:
+    try:
+        version_build(version_id=version_id)
+    finally:
+        connections.close_all()
+
+
+def version_build(*, version_id: int) -> EnvironmentVersion:
+    """Build a ``building`` version's Python environment, inspect the package in it and publish
+    it (ready), or record why not (failed: nothing is published). Runs once per version: another
+    call finds it no longer building and returns it."""
+    version = EnvironmentVersion.objects.select_related("environment__team").get(id=version_id)
+    if version.status != EnvironmentVersion.Status.BUILDING:
+        return version
+    log = pyenvs.BuildLog(pyenvs.log_path(version.id))
+    stored = Path(version.package_path)
+    try:
+        built = pyenvs.ensure(version.requirements, log)
+        task_files = package_task_files(stored)
+        with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
+            work = Path(tmp)
+            log.write("[platform] inspecting the package in its environment")
+            report = _inspect_copy(stored, version.manifest, task_files, work, runtime=str(built.path))
+            pyenvs.record_runtime(version.package_path, built.path)
+            with transaction.atomic():
+                environment = Environment.objects.select_for_update().select_related("current_version").get(
+                    id=version.environment_id)
+                version.pyenv = built.path.name
+                _version_fill(environment=environment, version=version, report=report, work=work,
+                              task_files=task_files, manifest=version.manifest,
+                              visibility=version.manifest.get("visibility"))
+                # Before the commit: whoever sees the version ready sees this line too.
+                log.write(f"[platform] ready: {environment.full_name}@{version.number}")
+        return version
+    except pyenvs.BuildFailed as exc:
+        return _version_fail(version, "requirements", f"Installing the requirements failed: {exc}", log)
+    except PublishError as exc:
+        return _version_fail(version, exc.check or "inspect", str(exc), log, traceback=exc.traceback)
+    except Exception as exc:  # the version must end as failed, never stay "building"
+        logger.exception("building version %s failed", version.id)
+        return _version_fail(version, "internal", f"Internal error ({type(exc).__name__}); nothing was published.",
+                             log)
+
+
+def _version_fail(version: EnvironmentVersion, check: str, message: str, log: pyenvs.BuildLog,
+                  traceback: str = "") -> EnvironmentVersion:
+    log.write(f"[platform] failed ({check}): {message}")
+    if traceback:
+        log.write(traceback)
+    version.status = EnvironmentVersion.Status.FAILED
+    version.error = f"{check}: {message}"
+    version.save(update_fields=["status", "error"])
+    # Nothing published: the package goes unless another version serves the same content.
+    pyenvs.record_runtime(version.package_path, None)
+    if not EnvironmentVersion.objects.filter(content_hash=version.content_hash).exclude(
+            status=EnvironmentVersion.Status.FAILED).exists():
+        shutil.rmtree(version.package_path, ignore_errors=True)
+    return version
+
+
+def versions_fail_stalled_builds(*, older_than_seconds: float) -> int:
+    """Builds whose process died (a server restarted mid-build) end as failed, not building forever."""
+    cutoff = timezone.now() - timezone.timedelta(seconds=older_than_seconds)
+    stalled = EnvironmentVersion.objects.filter(status=EnvironmentVersion.Status.BUILDING, created_at__lt=cutoff)
+    count = 0
+    for version in stalled:
+        if pyenvs.log_age_seconds(version.id) > older_than_seconds:
+            _version_fail(version, "requirements", "The build stopped without finishing (its process ended); "
+                          "publish the package again.", pyenvs.BuildLog(pyenvs.log_path(version.id)))
+            count += 1
+    return count
+
+
+def pyenvs_collect_unused() -> list[str]:
+    """Remove the built Python environments that no version uses any more."""
+    keep = set(EnvironmentVersion.objects.exclude(pyenv="").exclude(status=EnvironmentVersion.Status.FAILED)
+               .values_list("pyenv", flat=True))
+    return pyenvs.collect(keep, grace_seconds=settings.ORS_PYENV_GRACE_SECONDS)
 
 
 def environment_publish_path(
     *, team: Team, path: Path, filename: str | None = None, slug: str | None = None,
-    visibility: str | None = None, created_by=None,
+    visibility: str | None = None, created_by=None, wait: bool = False,
 ) -> PublishResult:
     """Publish a folder, a zip, a tar.gz or a single .py (``filename`` is the uploader's name for it)."""
     try:
         with packages.unpacked(Path(path), filename=filename) as package:
             return environment_publish(team=team, source_dir=package.root, created_by=created_by, slug=slug,
-                                       visibility=visibility, default_slug=package.name_hint or None)
+                                       visibility=visibility, default_slug=package.name_hint or None, wait=wait)
     except packages.PackageError as exc:
         raise PublishError(str(exc), check=exc.check) from exc
 

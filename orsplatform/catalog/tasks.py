@@ -12,3 +12,20 @@ def ingest_tasks(job_id: int) -> None:
     from orsplatform.catalog.services import ingest_job_run
 
     ingest_job_run(job_id=job_id)
+
+
+@app.task(name="catalog.build_version", acks_late=True)
+def build_version(version_id: int) -> None:
+    from orsplatform.catalog.services import version_build
+
+    version_build(version_id=version_id)
+
+
+@app.task(name="catalog.collect_pyenvs")
+def collect_pyenvs() -> None:
+    from django.conf import settings
+
+    from orsplatform.catalog.services import pyenvs_collect_unused, versions_fail_stalled_builds
+
+    versions_fail_stalled_builds(older_than_seconds=settings.ORS_BUILD_TIMEOUT_SECONDS + 60)
+    pyenvs_collect_unused()

@@ -119,6 +119,10 @@ def package_upload(request: HttpRequest, slug: str) -> HttpResponse:
     finally:
         remove_quietly(path)
     version = result.version
+    if version.status == version.Status.BUILDING:
+        messages.success(request, f"{version.environment.full_name}@{version.number}: installing its requirements; "
+                                  "it is published when they are in and it passes validation.")
+        return redirect("console:version_build", slug=team.slug, env=version.environment.slug, number=version.number)
     if result.created:
         report = result.report
         tools = ", ".join(t["name"] for t in report.get("tools", []))

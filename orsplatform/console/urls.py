@@ -1,6 +1,6 @@
 from django.urls import path
 
-from orsplatform.console import publishing, views
+from orsplatform.console import builds, publishing, views
 
 app_name = "console"
 urlpatterns = [
@@ -14,6 +14,10 @@ urlpatterns = [
     path("<slug:slug>/environments/publish", publishing.package_upload, name="publish"),
     path("<slug:slug>/environments/tasks", publishing.tasks_upload, name="upload_tasks"),
     path("<slug:slug>/environments/<slug:env>/rollback", publishing.version_rollback, name="rollback"),
+    path("<slug:slug>/environments/<slug:env>/versions/<int:number>/build", builds.version_build,
+         name="version_build"),
+    path("<slug:slug>/environments/<slug:env>/versions/<int:number>/build.json", builds.version_build_json,
+         name="version_build_json"),
     path("<slug:slug>/ingest/<int:job_id>/", publishing.ingest_job, name="ingest_job"),
     path("<slug:slug>/ingest/<int:job_id>.json", publishing.ingest_job_json, name="ingest_job_json"),
 ]

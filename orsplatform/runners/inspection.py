@@ -23,6 +23,7 @@ from django.conf import settings
 
 from orsplatform.runners.sandbox.config import SandboxConfig
 from orsplatform.runners.sandbox.inspect import child_command
+from orsplatform.runners.sandbox.pool import runtime_of
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class ChildRun:
         return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
-def _wait_exited(pid: int, timeout: float) -> bool:
+def wait_exited(pid: int, timeout: float) -> bool:
     """Waits for the process to exit without reaping it, so its process group id stays reserved
     until the group has been killed. True when it exited in time."""
     try:
@@ -59,7 +60,7 @@ def _wait_exited(pid: int, timeout: float) -> bool:
     return True
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -76,9 +77,13 @@ def tail(path: Path, limit: int = 8000) -> str:
         return ""
 
 
-def run_child(*, module: str, package_dir: Path, work: Path, args: list[str], timeout: float) -> ChildRun:
+def run_child(*, module: str, package_dir: Path, work: Path, args: list[str], timeout: float,
+              runtime: str | None = None) -> ChildRun:
     """Run `orsplatform.runners.<module> PACKAGE_DIR ARGS...` on a tenant's package; an argument
-    `{work}/name` names the file `name` in `work`, wherever the child sees that directory."""
+    `{work}/name` names the file `name` in `work`, wherever the child sees that directory.
+    `runtime` is the package's built Python environment; by default the one recorded beside a
+    stored package (sandbox/pool.runtime_of), else the platform's own."""
+    runtime = runtime or runtime_of(str(package_dir))
     scratch = work / "home"
     scratch.mkdir(parents=True, exist_ok=True)
     memory, file_bytes = settings.ORS_INSPECT_MEMORY_BYTES, settings.ORS_INSPECT_FILE_BYTES
@@ -88,17 +93,17 @@ def run_child(*, module: str, package_dir: Path, work: Path, args: list[str], ti
     sandbox = SandboxConfig.from_django(threads=1)
     if sandbox.isolated:  # the workers' sandbox: no settings, database or /proc of ours
         cmd = child_command(sandbox, module=module, package_dir=package_dir, work=work, args=args,
-                            memory_bytes=memory, file_bytes=file_bytes)
+                            memory_bytes=memory, file_bytes=file_bytes, runtime=runtime)
     else:
-        cmd = [sys.executable, "-m", f"orsplatform.runners.{module}", str(package_dir),
+        cmd = [f"{runtime}/bin/python" if runtime else sys.executable, "-m", f"orsplatform.runners.{module}", str(package_dir),
                *(a.replace("{work}", str(work)) for a in args)]
     with (work / "stdout.log").open("wb") as out, (work / "stderr.log").open("wb") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                                 cwd=str(scratch), start_new_session=True)
     try:
-        exited = _wait_exited(proc.pid, timeout)
+        exited = wait_exited(proc.pid, timeout)
     finally:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         proc.wait()
     return ChildRun(exited=exited, returncode=proc.returncode,
                     output=tail(work / "stderr.log") or tail(work / "stdout.log"))

@@ -21,3 +21,20 @@ def stored_packages(settings) -> list:
 def leftover_uploads(settings) -> list:
     root = settings.ORS_UPLOAD_DIR
     return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+@pytest.fixture(scope="session")
+def pyenv_root(tmp_path_factory):
+    """Where packages' Python environments are built: one folder for the whole run (later tests
+    reuse what earlier ones built, as a platform does), never the checkout's var/."""
+    return tmp_path_factory.mktemp("pyenvs")
+
+
+@pytest.fixture(autouse=True)
+def build_dirs(settings, pyenv_root, tmp_path):
+    """The build settings, and the same as environment variables for a server subprocess."""
+    settings.ORS_PYENV_DIR = pyenv_root
+    settings.ORS_UV_CACHE_DIR = pyenv_root / ".uv-cache"
+    settings.ORS_BUILD_LOG_DIR = tmp_path / "builds"
+    return {"ORS_PYENV_DIR": str(pyenv_root), "ORS_UV_CACHE_DIR": str(pyenv_root / ".uv-cache"),
+            "ORS_BUILD_LOG_DIR": str(tmp_path / "builds"), "ORS_PACKAGE_DIR": str(settings.ORS_PACKAGE_DIR)}

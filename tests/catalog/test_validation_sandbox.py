@@ -80,7 +80,7 @@ time.sleep(0.5)  # the children are running when validation goes on
 
 
 def test_a_fork_loop_that_hangs_is_killed_with_its_whole_process_group(owner, settings):
-    settings.ORS_INSPECT_TIMEOUT_SECONDS = 2
+    settings.ORS_INSPECT_TIMEOUT_SECONDS = 6
     mark = f"{1000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
     forker = f"""
 for _ in range(4):

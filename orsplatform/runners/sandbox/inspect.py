@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orsplatform.runners.sandbox.config import Limits, SandboxConfig
-from orsplatform.runners.sandbox.pool import sandboxed
+from orsplatform.runners.sandbox.pool import python_of, sandboxed
 
 RUNNERS = Path(__file__).resolve().parent.parent
 LIB = "/ors/lib"  # a minimal `orsplatform.runners` package inside the sandbox
@@ -25,7 +25,7 @@ BOOT = ("import runpy, sys; sys.path.insert(0, '/ors/lib'); "
 
 
 def child_command(config: SandboxConfig, *, module: str, package_dir: Path, work: Path, args: list[str],
-                  memory_bytes: int, file_bytes: int) -> list[str]:
+                  memory_bytes: int, file_bytes: int, runtime: str | None = None) -> list[str]:
     """argv running `orsplatform.runners.<module>` in the sandbox as
     `<module> PACKAGE_DIR <args...>`; `work` is seen at WORK, so an argument naming a file in
     `work` is passed as `{work}/name` and the child's output lands in `work` as it does outside."""
@@ -41,7 +41,7 @@ def child_command(config: SandboxConfig, *, module: str, package_dir: Path, work
     limits = Limits(memory_bytes=memory_bytes, cpu_seconds=config.defaults.cpu_seconds,
                     processes=config.defaults.processes, open_files=config.defaults.open_files,
                     tmp_bytes=min(file_bytes, config.maxima.tmp_bytes))
-    argv = [config.python, "-I", "-c", BOOT.format(module=module), PACKAGE,
+    argv = [python_of(config, runtime), "-I", "-c", BOOT.format(module=module), PACKAGE,
             *(a.replace("{work}", WORK) for a in args)]
     env = {"ORS_INSPECT_MEMORY_BYTES": str(memory_bytes), "ORS_INSPECT_FILE_BYTES": str(file_bytes)}
-    return sandboxed(config, limits, binds, argv, env)
+    return sandboxed(config, limits, binds, argv, env, runtime=runtime)

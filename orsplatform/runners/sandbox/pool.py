@@ -44,6 +44,7 @@ SANDBOX_WORKER = "/ors/worker.py"
 SANDBOX_PACKAGE = "/ors/env"
 PIDS_CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
 JANITOR_SECONDS = 0.5
+RUNTIME_SUFFIX = ".pyenv"
 
 
 class WorkerGone(Exception):
@@ -62,8 +63,24 @@ class CallTimedOut(Exception):
     """No answer within the request's timeout; the worker is killed if none comes within the grace."""
 
 
-def _system_binds() -> list[str]:
-    """Read-only views of the OS and the Python runtime (merged-/usr symlinks kept as symlinks)."""
+def runtime_of(package_dir: str) -> str | None:
+    """The Python environment built for a package's requirements (catalog/pyenvs.py records it in
+    ``<package>.pyenv`` beside the stored package), or None: the platform's own runtime."""
+    try:
+        runtime = Path(package_dir.rstrip("/") + RUNTIME_SUFFIX).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return runtime or None
+
+
+def python_of(config: SandboxConfig, runtime: str | None) -> str:
+    return f"{runtime}/bin/python" if runtime else config.python
+
+
+def _system_binds(runtime: str | None = None) -> list[str]:
+    """Read-only views of the OS and the Python runtime (merged-/usr symlinks kept as symlinks):
+    the platform's virtualenv, or instead the package's own built environment (`runtime`), whose
+    interpreter is the same base Python."""
     args: list[str] = []
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
         p = Path(top)
@@ -77,7 +94,9 @@ def _system_binds() -> list[str]:
     # The interpreter's prefix and the virtualenv (site-packages), wherever they live; nothing
     # else of their parents (a venv inside the project's tree does not expose the tree).
     seen: set[str] = set()
-    for prefix in (sys.base_prefix, sys.prefix, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]):
+    prefixes = ((sys.base_prefix, runtime) if runtime else
+                (sys.base_prefix, sys.prefix, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]))
+    for prefix in prefixes:
         real = os.path.realpath(prefix)
         if real.startswith(("/usr/", "/bin/", "/lib/")) or real in seen or not os.path.isdir(real):
             continue
@@ -100,12 +119,15 @@ def _network_binds() -> list[str]:
 
 
 def command(config: SandboxConfig, package_dir: str, limits: Limits) -> list[str]:
-    """The argv that starts one worker: rlimits (prlimit), then bubblewrap, then the interpreter."""
-    worker = [config.python, "-I", SANDBOX_WORKER, SANDBOX_PACKAGE, str(config.threads)]
+    """The argv that starts one worker: rlimits (prlimit), then bubblewrap, then the interpreter
+    (the package's built environment's when it has requirements)."""
+    runtime = runtime_of(package_dir)
+    python = python_of(config, runtime)
+    worker = [python, "-I", SANDBOX_WORKER, SANDBOX_PACKAGE, str(config.threads)]
     if not config.isolated:
-        return [*wrappers(limits), config.python, "-I", str(WORKER_SCRIPT), package_dir, str(config.threads)]
+        return [*wrappers(limits), python, "-I", str(WORKER_SCRIPT), package_dir, str(config.threads)]
     return sandboxed(config, limits, ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER,
-                                      "--ro-bind", package_dir, SANDBOX_PACKAGE], worker)
+                                      "--ro-bind", package_dir, SANDBOX_PACKAGE], worker, runtime=runtime)
 
 
 def wrappers(limits: Limits) -> list[str]:
@@ -123,7 +145,7 @@ def wrappers(limits: Limits) -> list[str]:
 
 
 def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: list[str],
-              env: dict[str, str] | None = None) -> list[str]:
+              env: dict[str, str] | None = None, runtime: str | None = None) -> list[str]:
     """argv run inside bubblewrap: own namespaces, read-only OS, Python and `binds`, a private /tmp,
     an empty environment (but `env`), no network unless `limits` allow it."""
     args = [
@@ -136,7 +158,7 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         # The private /tmp first: the binds that follow may live under the host's /tmp (a checkout
         # or a virtualenv there), and a tmpfs mounted after them would hide them.
         "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
-        *_system_binds(),
+        *_system_binds(runtime),
         "--proc", "/proc", "--dev", "/dev",
         *binds,
         "--chdir", "/tmp",

@@ -26,12 +26,16 @@ class Command(BaseCommand):
         if not source.exists():
             raise CommandError(f"No such file or folder: {path}")
         try:
-            result = environment_publish_path(team=team_obj, path=source, slug=slug, visibility=visibility)
+            # wait: a package with requirements is built here, its installer's output shown as it goes.
+            result = environment_publish_path(team=team_obj, path=source, slug=slug, visibility=visibility,
+                                              wait=True)
         except PublishError as exc:
             # One line; the package's own traceback (never the platform's) with -v 2.
             if exc.traceback and options.get("verbosity", 1) >= 2:
                 self.stderr.write(exc.traceback.rstrip())
             raise CommandError(f"publishing {source.name} failed: {exc.summary()}") from None
         version = result.version
+        if version.status == version.Status.FAILED:
+            raise CommandError(f"publishing failed ({version.error})")
         verb = "published" if result.created else "unchanged"
         self.stdout.write(f"{verb} {version.environment.full_name}@{version.number}")

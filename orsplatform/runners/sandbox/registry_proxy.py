@@ -1,0 +1,100 @@
+"""The build sandbox's only way out: an HTTPS CONNECT proxy on a Unix socket that reaches the
+package registry's hosts (``ORS_BUILD_ALLOWED_HOSTS``, port 443) and nothing else.
+
+The build sandbox has no network namespace of its own to speak of (loopback only); its forwarder
+(build.py) hands every connection to this socket. A CONNECT to any other host or port, or any
+other method, is answered 403 and written to the build's log, so an author sees what was refused.
+TLS is end to end between the installer and the registry: the proxy sees host names, not content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+HEAD_LIMIT = 8192
+
+
+class RegistryProxy:
+    """Serve on ``socket_path`` in a thread of its own for the life of a ``with`` block."""
+
+    def __init__(self, socket_path: Path, allowed_hosts: set[str], log: Callable[[str], None]) -> None:
+        self.socket_path = Path(socket_path)
+        self.allowed = {h.strip().lower() for h in allowed_hosts if h.strip()}
+        self.log = log
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="registry-proxy", daemon=True)
+        self._server: asyncio.AbstractServer | None = None
+
+    def __enter__(self) -> RegistryProxy:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(
+            asyncio.start_unix_server(self._handle, path=str(self.socket_path)), self._loop)
+        self._server = future.result(timeout=10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            self.socket_path.unlink()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:  # the build ended while this connection was open
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+            writer.close()
+            return
+        if len(head) > HEAD_LIMIT:
+            writer.close()
+            return
+        request = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = request.split()
+        host, _, port = (parts[1].rpartition(":") if len(parts) == 3 else ("", "", ""))
+        host = host.strip("[]").lower()
+        if len(parts) != 3 or parts[0] != "CONNECT" or host not in self.allowed or port != "443":
+            self.log(f"[platform] refused a connection outside the package registry: {request[:200]}")
+            writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host, 443), 30)
+        except (OSError, TimeoutError) as exc:
+            self.log(f"[platform] could not reach {host}: {exc}")
+            writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+            writer.close()
+            return
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(65536):
+            writer.write(chunk)
+            await writer.drain()
+    except (ConnectionError, OSError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
