@@ -247,7 +247,7 @@ def _validation_summary(report: dict) -> dict:
         return {}
     return {"entrypoint": report.get("entrypoint"), "tools": [t["name"] for t in report.get("tools", [])],
             "splits": report.get("splits", []), "class_task_counts": report.get("task_counts", {}),
-            "prompt_checked": report.get("prompt_checked", False)}
+            "prompt_checked": report.get("prompt_checked", False), "sdk": report.get("sdk")}
 
 
 class VersionDetailView(APIView):

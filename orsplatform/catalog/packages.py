@@ -224,10 +224,16 @@ def _copy_folder(source: Path, root: Path, budget: _Budget) -> None:
 
 
 def _unwrap(root: Path) -> tuple[Path, str | None]:
-    """`zip -r env.zip env/` puts everything under one folder: publish that folder's content."""
+    """`zip -r env.zip env/` puts everything under one folder: publish that folder's content. A
+    Python package alone (`mypkg/__init__.py` and no manifest or pyproject in it) stays a package,
+    so its modules' absolute imports (`from mypkg.utils import x`) keep working."""
     entries = list(root.iterdir())
     if len(entries) == 1 and entries[0].is_dir():
-        return entries[0], entries[0].name
+        inner = entries[0]
+        if (inner / "__init__.py").exists() and not any(
+                (inner / name).exists() for name in ("manifest.toml", "pyproject.toml", "server.py")):
+            return root, inner.name
+        return inner, inner.name
     return root, None
 
 

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from orsplatform.catalog import ingest, packages, pyenvs
 from orsplatform.catalog import requirements as package_requirements
+from orsplatform.catalog.errors import one_line, tenant_output
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.runners.inspection import run_child
@@ -32,10 +33,17 @@ IGNORED_NAMES = {"__pycache__", ".git", ".DS_Store"}
 
 
 class PublishError(Exception):
+    """``traceback`` holds the package's own frames only (catalog/errors.py): it is shown to the
+    environment's author, never the platform's paths."""
+
     def __init__(self, message: str, *, check: str = "", traceback: str = "") -> None:
         super().__init__(message)
         self.check = check
         self.traceback = traceback
+
+    def summary(self) -> str:
+        """What failed, in one line, with the check's name."""
+        return f"the '{self.check or 'package'}' check failed: {one_line(str(self))}"
 
 
 @dataclass(frozen=True)
@@ -147,13 +155,13 @@ def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None
     if not run.exited:
         raise PublishError(f"Validation timed out after {timeout:g} s during the '{stage}' check; "
                            "the validation process and its children were killed.", check="timeout",
-                           traceback=run.output)
+                           traceback=tenant_output(run.output, package_dir))
     if report.get("ok"):
         return report
     if "error" in report:
         raise PublishError(report["error"], check=report.get("check", ""), traceback=report.get("traceback", ""))
     raise PublishError(f"The validation process ended ({run.how()}) during the '{stage}' check without a report.",
-                       check="process", traceback=run.output)
+                       check="process", traceback=tenant_output(run.output, package_dir))
 
 
 def package_task_files(root: Path) -> dict[str, tuple[Path, str]]:

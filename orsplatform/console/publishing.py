@@ -129,7 +129,8 @@ def package_upload(request: HttpRequest, slug: str) -> HttpResponse:
         splits = ", ".join(s["name"] for s in report.get("splits", []))
         prompt = "a sample prompt rendered" if report.get("prompt_checked") else "no task to render a prompt for"
         messages.success(request, f"Published {version.environment.full_name}@{version.number}: validation passed "
-                                  f"(entrypoint {version.entrypoint}; tools: {tools}; splits: {splits}; {prompt}).")
+                                  f"(entrypoint {version.entrypoint}, {report.get('sdk') or 'ors'} SDK; "
+                                  f"tools: {tools}; splits: {splits}; {prompt}).")
     else:
         messages.success(request, f"Identical content: {version.environment.full_name}@{version.number} "
                                   "already holds it; nothing changed.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 import ors
@@ -20,8 +21,23 @@ async def health(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str 
     return {"status": "ok"}
 
 
+def _sdk_versions() -> dict[str, str | None]:
+    """The SDKs environments may be written against, as installed (the platform speaks both)."""
+    versions: dict[str, str | None] = {}
+    for dist in ("ors-sdk", "openreward"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return versions
+
+
+SDK_VERSIONS = _sdk_versions()
+
+
 async def version(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    info: dict[str, str | None] = {"platform": __version__, "ors_sdk": ors.__version__, "environment": None}
+    info: dict[str, Any] = {"platform": __version__, "ors_sdk": ors.__version__, "sdks": SDK_VERSIONS,
+                            "environment": None}
     sid = req.header(b"x-session-id")
     live = gw.live(caller, sid.strip()) if sid else None
     if live is not None:

@@ -58,13 +58,12 @@ def _apply_limits() -> None:
 
 
 def _split(value) -> dict:
-    from ors import Split
-
-    if isinstance(value, Split):
+    # ors.Split and openreward.environments.Split: the same model in two SDKs.
+    if type(value).__name__ == "Split" and isinstance(getattr(value, "name", None), str):
         return {"name": value.name, "type": value.type}
     if isinstance(value, str):
         return {"name": value, "type": value if value in ("train", "validation", "test") else "validation"}
-    raise TypeError(f"list_splits() returned {value!r}; expected str or ors.Split")
+    raise TypeError(f"list_splits() returned {value!r}; expected str or Split")
 
 
 def _check_requirements(requirements: list) -> None:
@@ -111,57 +110,85 @@ def _check_schema(tool: dict) -> None:
     json.dumps(schema)  # must survive the wire
 
 
-def _candidates(package_dir: str, module_name: str) -> list[str]:
-    from ors import Environment
+# Modules that are never the environment (importing them would run tooling, not the package).
+NOT_SCANNED = {"setup", "conftest", "noxfile", "fabfile", "manage"}
+NOT_SCANNED_DIRS = {"tests", "test", "docs", "examples", "scripts", "build", "dist", "venv"}
 
-    from orsplatform.runners.loader import package_module_name
 
-    pkg = package_module_name(package_dir)
-    module = importlib.import_module(f"{pkg}.{module_name}")
-    classes = [(attr, value) for attr, value in vars(module).items()
-               if isinstance(value, type) and issubclass(value, Environment) and value is not Environment
-               and value.__module__ == module.__name__]
-    # Abstract helper bases are skipped when a concrete class is there to serve.
-    concrete = [(attr, value) for attr, value in classes if not inspect.isabstract(value)]
-    return [f"{module_name}:{attr}" for attr, _ in (concrete or classes)]
+def _defined_here(pkg: str) -> list[tuple[str, type]]:
+    """Concrete Environment subclasses (of either SDK) defined in the package's modules imported so
+    far, as ('module.path', class); classes imported from the SDK or from elsewhere do not count."""
+    from orsplatform.runners.loader import sdk_base
+
+    found: dict[type, str] = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(pkg + ".") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if (sdk_base(value) is not None and value.__module__ == name and value not in found
+                    and not inspect.isabstract(value)):
+                found[value] = name[len(pkg) + 1:]
+    return sorted(((module, cls) for cls, module in found.items()), key=lambda mc: (mc[0], mc[1].__name__))
+
+
+def _scan_order(package_dir: str) -> list[list[str]]:
+    """Modules to import, in rounds: env.py, then server.py (where authors put the class next to
+    ``Server([...]).run()``), then every other module and package (the root's and src/'s)."""
+    from orsplatform.runners.loader import package_roots
+
+    first, rest = [], []
+    for index, root in enumerate(package_roots(package_dir)):
+        base = Path(root)
+        for path in sorted(base.glob("*.py")):
+            if path.stem.isidentifier() and path.stem not in NOT_SCANNED:
+                (first if index == 0 and path.stem in ("env", "server") else rest).append(path.stem)
+        for folder in sorted(p for p in base.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+            if not folder.name.isidentifier() or folder.name in NOT_SCANNED_DIRS:
+                continue
+            for path in sorted(folder.rglob("*.py")):
+                parts = path.relative_to(base).with_suffix("").parts
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                if (parts and all(p.isidentifier() for p in parts) and not NOT_SCANNED_DIRS & set(parts)
+                        and not parts[-1].startswith("test") and (path.parent / "__init__.py").exists()):
+                    rest.append(".".join(parts))
+    rounds = [[m] for m in ("env", "server") if m in first]
+    return [*rounds, list(dict.fromkeys(rest))]
 
 
 def discover_entrypoint(package_dir: str) -> str:
-    """The package's one concrete Environment subclass, looked for in env.py, then other modules."""
-    root = Path(package_dir)
-    _register_package(package_dir)
-    modules = [p.stem for p in sorted(root.glob("*.py")) if p.stem.isidentifier()]
-    if "env" in modules:
-        found = _candidates(package_dir, "env")
+    """The package's one concrete Environment subclass (ors or openreward), looked for in env.py,
+    then server.py (and what they import from the package), then every module of the package."""
+    from orsplatform.runners.loader import register_package
+
+    pkg = register_package(package_dir)
+    failures: list[BaseException] = []
+    for modules in _scan_order(package_dir):
+        for module in modules:
+            try:
+                importlib.import_module(f"{pkg}.{module}")
+            except Exception as exc:
+                if len(modules) == 1:
+                    raise  # env.py or server.py: its error is the package's error
+                failures.append(exc)  # a helper script that does not import here is not the environment
+        found = _defined_here(pkg)
         if len(found) == 1:
-            return found[0]
+            module, cls = found[0]
+            return f"{module}:{cls.__name__}"
         if len(found) > 1:
-            raise ValueError(f"Several Environment classes in env.py ({', '.join(found)}); "
-                             "name one with entrypoint = 'module:Class' in manifest.toml.")
-    found = [c for m in modules if m != "env" for c in _candidates(package_dir, m)]
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise ValueError("No ors.Environment subclass found in the package's top-level modules.")
-    raise ValueError(f"Several Environment classes ({', '.join(found)}); "
-                     "name one with entrypoint = 'module:Class' in manifest.toml.")
-
-
-def _register_package(package_dir: str) -> None:
-    import types
-
-    from orsplatform.runners.loader import package_module_name
-
-    name = package_module_name(package_dir)
-    if name not in sys.modules:
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [str(Path(package_dir).resolve())]
-        sys.modules[name] = pkg
+            names = ", ".join(f"{m}:{c.__name__}" for m, c in found)
+            raise ValueError(f"Several Environment classes ({names}); name one with "
+                             "entrypoint = 'module:Class' in manifest.toml.")
+    if failures:
+        raise failures[0]
+    raise ValueError("No Environment subclass (ors.Environment or openreward.environments.Environment) "
+                     "found in the package; name it with entrypoint = 'module:Class' in manifest.toml.")
 
 
 def _lists_tasks(cls) -> bool:
-    from ors import Environment
+    from orsplatform.runners.loader import sdk_base
 
+    Environment = sdk_base(cls)
     return (getattr(cls.num_tasks, "__func__", None) is not Environment.num_tasks.__func__
             and getattr(cls.get_task, "__func__", None) is not Environment.get_task.__func__)
 
@@ -206,7 +233,7 @@ async def _write_tasks(cls, split: str, out_path: Path) -> int | None:
 
 async def inspect_package(package_dir: str, entrypoint: str, work: Path, sample: dict | None,
                           report: dict) -> dict:
-    from orsplatform.runners.loader import load_environment_class
+    from orsplatform.runners.loader import load_environment_class, sdk_base, sdk_bases
 
     def stage(check: str) -> None:
         report["check"] = check
@@ -257,8 +284,58 @@ async def inspect_package(package_dir: str, entrypoint: str, work: Path, sample:
             raise ValueError("get_prompt() returned no blocks for a sample task.")
         await _maybe(env.teardown())
         report["prompt_checked"] = True
-    report.update(ok=True, check="done", class_name=cls.__name__)
+    report.update(ok=True, check="done", class_name=cls.__name__, sdk=sdk_bases()[sdk_base(cls)])
     return report
+
+
+def _platform_prefixes(package_dir: str) -> list[tuple[str, str]]:
+    """Absolute paths of the platform that may appear in a message, and what stands for them."""
+    import sysconfig
+
+    from orsplatform.runners import loader
+
+    pairs = [(str(Path(package_dir).resolve()) + "/", ""), (str(Path(package_dir)) + "/", "")]
+    for path in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        pairs.append((path + "/", "<python>/"))
+    pairs.append((str(Path(loader.__file__).resolve().parent.parent.parent) + "/", "<platform>/"))
+    for path in {sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"]}:
+        pairs.append((path + "/", "<python>/"))
+    return sorted(pairs, key=lambda pair: -len(pair[0]))
+
+
+SYNTHETIC = re.compile(r"orspkg_[0-9a-f]{16}\.?")
+
+
+def scrub(text: str, package_dir: str) -> str:
+    """``text`` without the platform's paths: the package's own files relative to its root, the
+    interpreter's and the platform's files as <python>/ and <platform>/, module names as the
+    package spells them (not under the synthetic package that holds them here)."""
+    for prefix, replacement in _platform_prefixes(package_dir):
+        text = text.replace(prefix, replacement)
+    return SYNTHETIC.sub("", text)
+
+
+def tenant_traceback(exc: BaseException, package_dir: str) -> str:
+    """The traceback of ``exc`` (and the exceptions it chains) with the frames of the package's own
+    files only, their paths relative to the package root: what the author wrote, and nothing of the
+    platform (its paths, its files or the SDK's)."""
+    roots = tuple(str(Path(p).resolve()) + "/" for p in (package_dir,))
+    te = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    todo = [te]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        frames = [traceback.FrameSummary(f.filename[len(root):], f.lineno, f.name, line=f.line)
+                  for f in current.stack for root in roots if f.filename.startswith(root)]
+        current.stack = traceback.StackSummary.from_list(frames)
+        filename = getattr(current, "filename", None)  # a SyntaxError's file
+        if isinstance(filename, str):
+            current.filename = next((filename[len(r):] for r in roots if filename.startswith(r)), filename)
+        todo += [t for t in (current.__cause__, current.__context__) if t is not None]
+    return scrub("".join(te.format()), package_dir)
 
 
 def main() -> int:
@@ -277,10 +354,11 @@ def main() -> int:
             limit = int(os.environ.get("ORS_INSPECT_MEMORY_BYTES", "0") or 0) // (1024 * 1024)
             error = f"MemoryError: the package exceeded the validation memory limit ({limit} MiB)."
         else:
-            error = f"{type(exc).__name__}: {exc}"
-        tb = traceback.format_exc()
+            error = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, whatever the message
+        tb = tenant_traceback(exc, package_dir)
+        error = scrub(error, package_dir)
         del exc
-        report.update(ok=False, error=error, traceback=tb[-20000:])
+        report.update(ok=False, error=error[:4000], traceback=tb[-20000:])
     _write_report(work, report)
     return 0 if report.get("ok") else 1
 

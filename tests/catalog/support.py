@@ -244,3 +244,64 @@ def wait_until(predicate, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.05)  # polling interval while waiting on the condition
     return bool(predicate())
+
+
+# The same environment written against each SDK (the README's worked example): add two numbers.
+# `hint` is async and answers a text and an image block; `answer` is sync and ends the episode.
+ADDER_OPENREWARD = textwrap.dedent('''
+    """Add two numbers: written for the openreward SDK's own server (`python server.py`)."""
+
+    from openreward.environments import Environment, ImageBlock, Server, Split, TextBlock, ToolOutput, tool
+    from pydantic import BaseModel
+
+    PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+    class Answer(BaseModel):
+        answer: str
+
+
+    class Adder(Environment):
+        def __init__(self, task_spec={}, secrets={}):
+            super().__init__(task_spec, secrets)
+            self.key = secrets.get("ADDER_KEY", "")
+
+        @classmethod
+        def list_splits(cls):
+            return [Split(name="train", type="train"), Split(name="test", type="test")]
+
+        @classmethod
+        def list_tasks(cls, split):
+            base = 0 if split == "train" else 100
+            return [{"id": f"{split}-{i}", "a": base + i, "b": 2 * i} for i in range(8)]
+
+        def get_prompt(self):
+            return [TextBlock(text=f"What is {self.task_spec['a']} + {self.task_spec['b']}?")]
+
+        @tool
+        async def hint(self) -> ToolOutput:
+            """A hint: the first digit of the sum."""
+            first = str(self.task_spec["a"] + self.task_spec["b"])[0]
+            return ToolOutput(blocks=[TextBlock(text=f"It starts with {first}."),
+                                      ImageBlock(data=PIXEL, mimeType="image/png")],
+                              metadata={"keyed": bool(self.key)}, reward=0.0)
+
+        @tool
+        def answer(self, params: Answer) -> ToolOutput:
+            """Answer with the sum."""
+            correct = params.answer.strip() == str(self.task_spec["a"] + self.task_spec["b"])
+            return ToolOutput(blocks=[TextBlock(text="Correct." if correct else "Wrong.")],
+                              metadata={"correct": correct}, reward=1.0 if correct else 0.0, finished=True)
+
+
+    if __name__ == "__main__":
+        Server([Adder]).run()
+''')
+
+# The same, against ors-sdk: only the import line differs.
+ADDER_ORS = ADDER_OPENREWARD.replace("from openreward.environments import", "from ors import").replace(
+    "the openreward SDK's own server", "the ors-sdk reference server")
+
+
+def adder_solution(spec: dict) -> str:
+    return str(spec["a"] + spec["b"])

@@ -33,6 +33,8 @@ async def test_version_reports_the_platform_and_sdk_versions(client, owner):
     body = r.json()
     assert isinstance(body["platform"], str) and body["platform"]
     assert isinstance(body["ors_sdk"], str) and body["ors_sdk"]
+    # Both SDKs environments may be written against, as pinned in pyproject.toml.
+    assert body["sdks"] == {"ors-sdk": "0.1.0", "openreward": "0.1.167"}
     assert body["environment"] is None
 
 

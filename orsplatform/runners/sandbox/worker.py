@@ -3,7 +3,15 @@
 Started by the pool (pool.py) inside bubblewrap as ``python -I worker.py PACKAGE_DIR THREADS``, with
 this file and the package bound read-only and nothing of the platform visible. It imports no
 Django and nothing of ``orsplatform`` (the platform's tree is not mounted in the sandbox), only the
-ORS SDK, pydantic and orjson from the read-only site-packages.
+SDKs (``ors``, and ``openreward.environments`` when the environment is written against it),
+pydantic and orjson from the read-only site-packages.
+
+The two SDKs' types are the same models (blocks, ToolOutput, Split, ToolSpec), so what a worker
+answers is the same JSON whichever SDK a class uses. Where they differ is tool dispatch: an
+``ors`` class runs on this worker's own fast path (``Host._dispatch``); an ``openreward`` class
+runs through its SDK's dispatcher (``Host._dispatch_openreward``), whose per-tool locks,
+``concurrent``/``exclusive`` tools and refusal of calls after ``finished=True`` are part of the
+contract its author wrote against. The choice is made once per session, at setup.
 
 The supervisor speaks to it over the pipe that was its stdin/stdout: frames of a 4-byte big-endian
 length and an orjson object. Requests are ``{"id", "op", ...}``; every request gets exactly one
@@ -17,6 +25,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import inspect
 import os
 import struct
@@ -68,11 +79,110 @@ def tool_error(message: str, reason: str) -> dict:
 
 
 class _Live:
-    __slots__ = ("instance", "secrets")
+    __slots__ = ("instance", "secrets", "dispatch")
 
-    def __init__(self, instance: Any, secrets: tuple[str, ...]) -> None:
+    def __init__(self, instance: Any, secrets: tuple[str, ...], dispatch) -> None:
         self.instance = instance
         self.secrets = secrets
+        self.dispatch = dispatch  # the SDK's way of running a tool, chosen at setup
+
+
+# --- importing a package: the rules of orsplatform.runners.loader, which is not mounted here ---------
+
+SDK_MODULES = ("ors.environment", "openreward.environments.environment")
+
+
+def sdk_base(cls: object) -> type | None:
+    """The SDK Environment base class ``cls`` derives from (None for anything else)."""
+    if not isinstance(cls, type):
+        return None
+    for name in SDK_MODULES:
+        base = getattr(sys.modules.get(name), "Environment", None)
+        if isinstance(base, type) and cls is not base and issubclass(cls, base):
+            return base
+    return None
+
+
+class _Alias(importlib.abc.Loader):
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        sys.modules[module.__name__] = importlib.import_module(self.target)
+
+
+class _PackageImports(importlib.abc.MetaPathFinder):
+    """``from utils import x`` (as ``python server.py`` allows) is the package's own module."""
+
+    def __init__(self, pkg_name: str, names: set[str]) -> None:
+        self.pkg_name, self.names = pkg_name, names
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] not in self.names:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _Alias(f"{self.pkg_name}.{fullname}"))
+
+
+def _defer_openreward_init() -> None:
+    """openreward/__init__.py imports the SDK's API client (seconds); it runs on first use instead."""
+    try:
+        spec = importlib.util.find_spec("openreward")
+    except (ImportError, ValueError):
+        return
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    ran = [False]
+
+    def __getattr__(name: str):
+        if ran[0] or name.startswith("__"):
+            raise AttributeError(f"module 'openreward' has no attribute {name!r}")
+        ran[0] = True
+        spec.loader.exec_module(module)
+        return getattr(module, name)
+
+    module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    sys.modules.setdefault("openreward", module)
+
+
+def _quiet_openreward_logs() -> None:
+    """The openreward SDK logs every tool call at INFO (to this worker's stderr); the audit log has
+    those calls already. Its dispatcher's logger keeps warnings and errors. (Not by its
+    OPENREWARD_LOG_LEVEL variable: tenant code sees no variable of the platform's.)"""
+    module = sys.modules.get("openreward.environments.environment")
+    logger = getattr(module, "logger", None)
+    try:
+        import logging
+
+        import structlog
+
+        module.logger = structlog.wrap_logger(  # type: ignore[union-attr]
+            logger._logger, processors=logger._processors,
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)).bind(**logger._context)
+    except Exception:
+        pass  # another SDK release: its INFO lines go to stderr, nothing worse
+
+
+def register_package(package_dir: str) -> str:
+    root = Path(package_dir).resolve()
+    name = "orspkg_" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
+    if name in sys.modules:
+        return name
+    roots = [root]
+    if (root / "src").is_dir() and not (root / "src" / "__init__.py").exists():
+        roots.append(root / "src")
+    names = {p.stem if p.suffix == ".py" else p.name for r in roots for p in r.iterdir()
+             if (p.suffix == ".py" and p.stem.isidentifier())
+             or (p.is_dir() and p.name.isidentifier() and any(p.glob("*.py")))}
+    _defer_openreward_init()
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [str(r) for r in roots]
+    sys.modules[name] = pkg
+    sys.meta_path.insert(0, _PackageImports(name, names))
+    return name
 
 
 class Host:
@@ -99,6 +209,8 @@ class Host:
             cls = self._cls.get(entrypoint)
             if cls is None:
                 cls = self._cls[entrypoint] = self._import(entrypoint)
+                if not issubclass(cls, self.Environment):
+                    _quiet_openreward_logs()
         return cls
 
     def _import(self, entrypoint: str) -> type:
@@ -106,19 +218,16 @@ class Host:
         if not sep or not module_path or not class_name:
             raise ValueError(f"Entrypoint {entrypoint!r} must look like 'module:Class'.")
         # Same module naming as orsplatform.runners.loader, so tracebacks read alike.
-        pkg_name = "orspkg_" + hashlib.sha256(str(Path(self.package_dir).resolve()).encode()).hexdigest()[:16]
-        if pkg_name not in sys.modules:
-            pkg = types.ModuleType(pkg_name)
-            pkg.__path__ = [str(Path(self.package_dir).resolve())]
-            sys.modules[pkg_name] = pkg
+        pkg_name = register_package(self.package_dir)
         module = importlib.import_module(f"{pkg_name}.{module_path}")
         cls = getattr(module, class_name, None)
-        if not (isinstance(cls, type) and issubclass(cls, self.Environment)):
-            raise ValueError(f"{entrypoint!r} is not an ors.Environment subclass.")
+        if sdk_base(cls) is None:
+            raise ValueError(f"{entrypoint!r} is not an Environment subclass (ors or openreward).")
         return cls
 
     def _overrides(self, instance: Any, name: str) -> bool:
-        return getattr(type(instance), name) is not getattr(self.Environment, name)
+        base = self.Environment if isinstance(instance, self.Environment) else sdk_base(type(instance))
+        return getattr(type(instance), name) is not getattr(base, name)
 
     async def run(self, fn, *args) -> Any:
         """Run an environment method: coroutine functions on the loop, the rest in the pool."""
@@ -149,7 +258,8 @@ class Host:
                 await pending
         except BaseException as exc:  # environment code may raise anything
             raise SetupError(redact(f"{type(exc).__name__}: {exc}", values)) from None
-        self.live[msg["sid"]] = _Live(instance, values)
+        dispatch = self._dispatch if isinstance(instance, self.Environment) else self._dispatch_openreward
+        self.live[msg["sid"]] = _Live(instance, values, dispatch)
 
     def _build(self, entrypoint: str, task_spec: Any, secrets: dict) -> tuple[Any, Any]:
         cls = self.load(entrypoint)
@@ -178,7 +288,7 @@ class Host:
         live = self._instance(msg["sid"])
         tool_input = msg.get("input") or {}
         try:
-            outcome = await self._dispatch(live.instance, msg["name"], tool_input)
+            outcome = await live.dispatch(live.instance, msg["name"], tool_input)
         except Exception as exc:
             outcome = {"exception": redact(f"{type(exc).__name__}: {exc}", live.secrets)}
         if live.secrets:
@@ -221,6 +331,18 @@ class Host:
         if not isinstance(res, ToolOutput):
             raise TypeError(f"{name!r} returned {type(res).__name__}; expected ToolOutput")
         return {"result": {"ok": True, "output": res.model_dump(mode="json")}}
+
+    async def _dispatch_openreward(self, instance: Any, name: str, tool_input: dict) -> dict:
+        """An openreward.environments tool, run by its SDK: the same input validation and results
+        as ``_dispatch`` (both SDKs answer RunToolOutput), with that SDK's locking rules."""
+        try:
+            out = await instance._call_tool(name, tool_input)
+        except SystemExit as exc:
+            raise EnvironmentExit(f"SystemExit({exc.code!r})") from None
+        result = out.model_dump(mode="json")
+        if not result["ok"] and result.get("reason") is None:
+            result["reason"] = "not_found" if "is not a valid tool" in result["error"] else "name_collision"
+        return {"result": result}
 
     async def op_stop(self, msg: dict) -> None:
         live = self.live.pop(msg["sid"], None)
@@ -295,6 +417,7 @@ async def main_async(package_dir: str, threads: int, fd_in: int, fd_out: int) ->
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd_in, "rb", 0))
     transport, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(fd_out, "wb", 0))
     host = Host(package_dir, threads)
+    loop.set_default_executor(host.pool)  # asyncio.to_thread (the openreward SDK's sync tools) shares the pool
     channel = Channel(reader, transport)
     channel.send({"id": 0, "ok": True, "value": {"pid": os.getpid()}})  # ready
     await serve(host, channel)

@@ -30,8 +30,10 @@ class Command(BaseCommand):
             result = environment_publish_path(team=team_obj, path=source, slug=slug, visibility=visibility,
                                               wait=True)
         except PublishError as exc:
-            report = f"validation failed ({exc.check}): {exc}"
-            raise CommandError(f"{report}\n{exc.traceback}".rstrip()) from exc
+            # One line; the package's own traceback (never the platform's) with -v 2.
+            if exc.traceback and options.get("verbosity", 1) >= 2:
+                self.stderr.write(exc.traceback.rstrip())
+            raise CommandError(f"publishing {source.name} failed: {exc.summary()}") from None
         version = result.version
         if version.status == version.Status.FAILED:
             raise CommandError(f"publishing failed ({version.error})")

@@ -28,7 +28,9 @@ class Command(BaseCommand):
             try:
                 result = environment_publish_path(team=team, path=folder)
             except PublishError as exc:
-                raise CommandError(f"{folder.name}: {exc.check}: {exc}\n{exc.traceback}") from exc
+                if exc.traceback and options.get("verbosity", 1) >= 2:
+                    self.stderr.write(exc.traceback.rstrip())
+                raise CommandError(f"publishing {folder.name} failed: {exc.summary()}") from None
             version = result.version
             verb = "published" if result.created else "unchanged"
             self.stdout.write(f"{verb} {version.environment.full_name}@{version.number}")
