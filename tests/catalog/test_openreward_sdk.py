@@ -238,3 +238,70 @@ async def test_openreward_conversation_prompts_and_terminal_tools_keep_their_sdk
     version = await in_thread(lambda: EnvironmentVersion.objects.get(environment__slug="chat"))()
     rendered = await in_thread(task_prompt_render)(version=version, spec={"q": "hi"})
     assert [b["text"] for b in rendered["blocks"]] == ["[system]", "Be brief.", "[user]", "hi"], rendered
+
+
+# Two calls at once on one session. The openreward SDK runs calls to one tool one at a time unless
+# the tool says concurrent=True; the platform runs a session's calls one at a time whatever the SDK
+# (tests/ors/test_calls.py), which keeps every rule of the SDK's. Each call waits (at most a second)
+# for a second call to be inside the tool too, and reports how many it saw.
+OVERLAP_ENV = '''
+import threading
+
+from openreward.environments import Environment, TextBlock, ToolOutput, tool
+
+
+class Overlap(Environment):
+    def __init__(self, task_spec={}, secrets={}):
+        super().__init__(task_spec, secrets)
+        self.inside = 0
+        self.changed = threading.Condition()
+
+    @classmethod
+    def list_splits(cls):
+        return ["train"]
+
+    @classmethod
+    def list_tasks(cls, split):
+        return [{"n": 0}]
+
+    def get_prompt(self):
+        return [TextBlock(text="go")]
+
+    def _visit(self) -> ToolOutput:
+        with self.changed:
+            self.inside += 1
+            self.changed.notify_all()
+            self.changed.wait_for(lambda: self.inside >= 2, timeout=1.0)
+            seen = self.inside
+        with self.changed:
+            self.inside -= 1
+        return ToolOutput(blocks=[TextBlock(text="ok")], metadata={"seen": seen})
+
+    @tool
+    def serial(self) -> ToolOutput:
+        """One at a time (the SDK's default)."""
+        return self._visit()
+
+    @tool(concurrent=True)
+    def parallel(self) -> ToolOutput:
+        """Concurrent calls allowed."""
+        return self._visit()
+'''
+
+
+async def test_an_openreward_sessions_calls_run_one_at_a_time_concurrent_tools_included(client, owner):
+    import asyncio
+
+    from tests.catalog.support import in_thread
+
+    r = await in_thread(publish)(owner, "overlap", "overlap.py", OVERLAP_ENV)
+    assert r.status_code == 201, r.json()
+    sid = await start_episode(client, owner.headers, env="acme/overlap", split="train", index=0)
+    headers = {**owner.headers, "X-Session-ID": sid}
+
+    async def twice(name: str) -> list[int]:
+        calls = [client.post("/call", headers=headers, json={"name": name, "input": {}}) for _ in range(2)]
+        return sorted(sse_result(r.text)["output"]["metadata"]["seen"] for r in await asyncio.gather(*calls))
+
+    assert await twice("serial") == [1, 1]
+    assert await twice("parallel") == [1, 1]
