@@ -50,22 +50,38 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 TICKS = os.sysconf("SC_CLK_TCK")
 # Sandbox workers (and their bubblewrap parents), where environment code runs on both executors.
 SANDBOX_WORKERS = ("/ors/worker.py",)
+SHARED = ("redis", "postgres")  # servers this script did not start
 
 
-def cpu_seconds(*needles: str) -> float:
-    """CPU time (user + system) so far of the processes whose command line contains a needle."""
-    total = 0.0
+def cpu_seconds(*needles: str, own: bool = False) -> float:
+    """CPU time (user + system) so far of the processes whose command line contains a needle; with
+    `own`, only those this process started (directly or not): on a shared machine other people's
+    gateways and sandbox workers match the same needles."""
+    parents: dict[int, int] = {}
+    matched: list[tuple[int, float]] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parents[int(entry.name)] = int(fields[1])
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             if any(n in cmdline for n in needles):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / TICKS
+                matched.append((int(entry.name), (int(fields[11]) + int(fields[12])) / TICKS))
         except OSError:  # the process ended meanwhile
             continue
-    return total
+    me = os.getpid()
+
+    def mine(pid: int) -> bool:
+        for _ in range(64):
+            pid = parents.get(pid, 0)
+            if pid == me:
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    return sum(seconds for pid, seconds in matched if not own or mine(pid))
 
 
 def machine_busy() -> tuple[int, int]:
@@ -76,16 +92,17 @@ def machine_busy() -> tuple[int, int]:
 
 
 def measure_with_cpu(name: str, url: str, key: str | None, load: LoadConfig,
-                     groups: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+                     groups: dict[str, tuple[str, ...]], database_url: str) -> dict[str, Any]:
     """`measure`, plus the CPU each process group used (cores over the run, warm-up included, and
     per episode at the measured rate), PostgreSQL's backends and this process (the load generator)
     included, and how busy the whole machine was: at 100 % the closed loop is CPU-bound, and its
     latency follows the CPU an episode costs in all processes together."""
-    groups = {**groups, "postgres": ("postgres: ",)}
-    before = {group: cpu_seconds(*needles) for group, needles in groups.items()}
+    # PostgreSQL's backends serving this run's database (its name is in their process titles).
+    groups = {**groups, "postgres": (f" postgres {database_url.rsplit('/', 1)[-1]} ",)}
+    before = {group: cpu_seconds(*needles, own=group not in SHARED) for group, needles in groups.items()}
     own_before, busy_before = os.times(), machine_busy()
     result = measure(name, url, key, load)
-    spent = {group: cpu_seconds(*needles) - before[group] for group, needles in groups.items()}
+    spent = {group: cpu_seconds(*needles, own=group not in SHARED) - before[group] for group, needles in groups.items()}
     own_after, busy_after = os.times(), machine_busy()
     spent["load generator"] = (own_after.user + own_after.system) - (own_before.user + own_before.system)
     window = load.duration + load.warmup
@@ -130,7 +147,7 @@ def bench_inline(database_url: str, load: LoadConfig, workdir: Path) -> dict[str
                         workdir / "inline.log", 60):
         return measure_with_cpu("platform, inline executor", url, key, load,
                                 {"gateways": (f"--port {port} ",), "workers": SANDBOX_WORKERS,
-                                 "redis": ("redis-server",)})
+                                 "redis": ("redis-server",)}, database_url)
 
 
 def bench_celery(database_url: str, load: LoadConfig, workdir: Path, gateways: int, runners: int) -> dict[str, Any]:
@@ -153,7 +170,7 @@ def bench_celery(database_url: str, load: LoadConfig, workdir: Path, gateways: i
             groups = {"gateways": tuple(f"--port {p} " for p in ports), "runners": (f"@{prefix} ",),
                       "workers": SANDBOX_WORKERS, "redis": ("redis-server",)}
             return measure_with_cpu(f"platform, celery executor ({gateways} gateways, {runners} runners)",
-                                    ",".join(urls), key, load, groups)
+                                    ",".join(urls), key, load, groups, database_url)
     finally:
         for node in nodes:
             stop_process(node)
