@@ -71,6 +71,14 @@ def log_path(version_id: int) -> Path:
     return settings.ORS_BUILD_LOG_DIR / f"version-{version_id}.log"
 
 
+def scrub(text: str) -> str:
+    """The build's words without the host's paths (tenants see the log and the error)."""
+    for path, name in ((settings.ORS_PYENV_DIR, "<environments>"), (settings.BASE_DIR, "<platform>"),
+                       (Path(sys.base_prefix), "<python>")):
+        text = text.replace(str(Path(path).resolve()), name).replace(str(path), name)
+    return text
+
+
 def log_tail(version_id: int, lines: int = 40) -> str:
     try:
         with log_path(version_id).open("rb") as fh:
@@ -79,7 +87,7 @@ def log_tail(version_id: int, lines: int = 40) -> str:
             text = fh.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    return scrub("\n".join(text.splitlines()[-lines:]))
 
 
 def log_age_seconds(version_id: int) -> float:
@@ -189,7 +197,7 @@ def _installer_message(log: BuildLog) -> str:
     """uv's own explanation: its last non-empty lines (it prints the reason last)."""
     lines = [ln.strip() for ln in log.path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
     useful = [ln for ln in lines if not ln.startswith("[platform] $")][-6:]
-    return " ".join(useful)[-1500:] or "The installer failed without a message."
+    return scrub(" ".join(useful))[-1500:] or "The installer failed without a message."
 
 
 def _resolve(requirements: list[str], work: Path, log: BuildLog) -> str:

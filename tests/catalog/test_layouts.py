@@ -21,6 +21,18 @@ TASKS_MODULE = textwrap.dedent('''
         base = 0 if split == "train" else 100
         return [{"id": f"{split}-{i}", "a": base + i, "b": 2 * i} for i in range(8)]
 ''')
+# Data read by a path relative to the repository's root, at import time (so in the inspector and in
+# every sandbox worker), as works when `python server.py` is run from there.
+TASKS_FROM_FILE = textwrap.dedent('''
+    import json
+
+    with open("data/bases.json") as fh:
+        BASES = json.load(fh)
+
+
+    def make_tasks(split):
+        return [{"id": f"{split}-{i}", "a": BASES[split] + i, "b": 2 * i} for i in range(8)]
+''')
 # The __main__ block of a real server.py, made loud: if it ever ran, the process would end.
 MAIN_BLOCK = textwrap.dedent('''
     if __name__ == "__main__":
@@ -81,6 +93,12 @@ LAYOUTS = {
         "adderpkg/env.py": adder_importing("from adderpkg.tasks import make_tasks"),
         "adderpkg/tasks.py": TASKS_MODULE,
     }), "adderpkg.env:Adder"),
+    # Data files opened by relative paths.
+    "relative-data": ("adder.zip", zip_bytes({
+        "server.py": adder_importing("from utils import make_tasks"),
+        "utils.py": TASKS_FROM_FILE,
+        "data/bases.json": '{"train": 0, "test": 100}',
+    }), "server:Adder"),
     # The src/ layout of a pyproject.toml project.
     "src-layout": ("adder.zip", zip_bytes({
         "pyproject.toml": '[project]\nname = "adder-env"\nversion = "0.1.0"\n',

@@ -244,6 +244,8 @@ def test_a_requirement_that_does_not_exist_fails_with_the_installers_message_and
     assert body["detail"].startswith("Installing the requirements failed: ")
     assert "no-such-package-ors-xyz" in body["detail"] and "not found in the package registry" in body["detail"]
     assert body["version"]["status"] == "failed" and "no-such-package-ors-xyz" in body["version"]["build_log"]
+    for host_path in (str(settings.BASE_DIR), str(settings.ORS_PYENV_DIR), "/root/.pyenv"):
+        assert host_path not in body["detail"] and host_path not in body["version"]["build_log"]
     environment = Environment.objects.get(slug="ghost")
     assert environment.current_version is None and not Split.objects.filter(environment=environment).exists()
     assert not any(p.is_dir() for p in Path(settings.ORS_PACKAGE_DIR).glob("*"))  # the package went too

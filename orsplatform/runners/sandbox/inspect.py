@@ -44,4 +44,4 @@ def child_command(config: SandboxConfig, *, module: str, package_dir: Path, work
     argv = [python_of(config, runtime), "-I", "-c", BOOT.format(module=module), PACKAGE,
             *(a.replace("{work}", WORK) for a in args)]
     env = {"ORS_INSPECT_MEMORY_BYTES": str(memory_bytes), "ORS_INSPECT_FILE_BYTES": str(file_bytes)}
-    return sandboxed(config, limits, binds, argv, env, runtime=runtime)
+    return sandboxed(config, limits, binds, argv, env, runtime=runtime, chdir=PACKAGE)

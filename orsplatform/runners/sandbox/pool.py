@@ -126,8 +126,11 @@ def command(config: SandboxConfig, package_dir: str, limits: Limits) -> list[str
     worker = [python, "-I", SANDBOX_WORKER, SANDBOX_PACKAGE, str(config.threads)]
     if not config.isolated:
         return [*wrappers(limits), python, "-I", str(WORKER_SCRIPT), package_dir, str(config.threads)]
+    # Started in the package's folder, as `python server.py` is run from its repository: code that
+    # opens its data files by relative path finds them (read-only; /tmp is where it may write).
     return sandboxed(config, limits, ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER,
-                                      "--ro-bind", package_dir, SANDBOX_PACKAGE], worker, runtime=runtime)
+                                      "--ro-bind", package_dir, SANDBOX_PACKAGE], worker, runtime=runtime,
+                     chdir=SANDBOX_PACKAGE)
 
 
 def wrappers(limits: Limits) -> list[str]:
@@ -145,7 +148,7 @@ def wrappers(limits: Limits) -> list[str]:
 
 
 def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: list[str],
-              env: dict[str, str] | None = None, runtime: str | None = None) -> list[str]:
+              env: dict[str, str] | None = None, runtime: str | None = None, chdir: str = "/tmp") -> list[str]:
     """argv run inside bubblewrap: own namespaces, read-only OS, Python and `binds`, a private /tmp,
     an empty environment (but `env`), no network unless `limits` allow it."""
     args = [
@@ -161,7 +164,7 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         *_system_binds(runtime),
         "--proc", "/proc", "--dev", "/dev",
         *binds,
-        "--chdir", "/tmp",
+        "--chdir", chdir,
     ]
     for name, value in (env or {}).items():
         args += ["--setenv", name, value]
