@@ -8,6 +8,7 @@ from orsplatform.episodes.models import Session
 from orsplatform.evals.models import EvalEpisode
 from tests.evals.aap_agent import expected_reward
 from tests.evals.conftest import api, launch, register, wait_run
+from tests.fixtures.celery import wait_until
 
 
 def test_cancel_keeps_scored_episodes_and_resume_runs_only_the_rest(owner, agents):
@@ -16,10 +17,11 @@ def test_cancel_keeps_scored_episodes_and_resume_runs_only_the_rest(owner, agent
     wait_run(owner, run["id"], until=lambda r: r["done"] >= 5)
     r = api(owner).post(f"/api/v1/eval-runs/{run['id']}/cancel")
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
-    # The worker sees the cancel within a second: no episode stays open, none is left running. (An
-    # agent session whose PUT was in flight cannot be deleted: its id never arrived.)
+    # The worker sees the cancel within a second: no episode stays open, none is left running, and
+    # every agent session it opened was deleted (one whose PUT was in flight too).
     cancelled = wait_run(owner, run["id"], until=lambda r: r["running"] == 0, timeout=30)
     assert cancelled["status"] == "cancelled" and 5 <= cancelled["done"] < 300
+    assert agents.stats()["open"] == 0
     assert not Session.objects.filter(sid__in=[e["sid"] for e in cancelled["episodes"] if e["sid"]],
                                       status__in=("creating", "ready")).exists()
     scored = {e["task_index"]: e["sid"] for e in cancelled["episodes"] if e["status"] == "scored"}
@@ -36,6 +38,24 @@ def test_cancel_keeps_scored_episodes_and_resume_runs_only_the_rest(owner, agent
     assert {e["task_index"]: e["sid"] for e in done["episodes"] if e["task_index"] in scored} == scored
     # Only the episodes open at the cancel (at most `concurrency`) were started twice.
     assert 300 <= agents.stats()["created"] <= 302
+
+
+@pytest.mark.parametrize("stream", ["none", "message"])
+def test_a_cancel_while_put_session_is_in_flight_still_deletes_the_agent_session(owner, agents, stream):
+    # `slowput` opens the session at once and answers its PUT only seconds later: in JSON mode the id
+    # comes with that late reply, in SSE mode first (session_start) with the rest of the turn late.
+    agent = register(owner, agents, "slowput", stream)
+    run = launch(owner, agent["id"], stop=6, concurrency=2)
+    wait_until(lambda: agents.stats()["puts_in_flight"] == 2, 30, "two PUT /session in flight at the agent")
+    assert api(owner).post(f"/api/v1/eval-runs/{run['id']}/cancel").status_code == 200
+    cancelled = wait_run(owner, run["id"], until=lambda r: r["running"] == 0, timeout=30)
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["done"] == 0  # the cancel did land while both PUTs were in flight
+    stats = agents.stats()
+    assert stats["created"] == 2 and stats["deleted"] == 2 and stats["open"] == 0, stats
+    assert stats["posts"] == 0  # the episodes went no further than their PUT
+    assert not Session.objects.filter(sid__in=[e["sid"] for e in cancelled["episodes"] if e["sid"]],
+                                      status__in=("creating", "ready")).exists()
 
 
 def test_a_finished_run_resumes_nothing(owner, agents):

@@ -78,6 +78,12 @@ def test_a_misbehaving_agent_scores_failed_with_its_reason_and_the_run_goes_on(
         assert episode["stop_reason"] == stop_reason and episode["reward"] == 0.0
         assert (episode["error"] or None) == error if error is None else episode["error"].startswith(error), episode
     assert Session.objects.filter(sid__in=[e["sid"] for e in run["episodes"]]).exclude(status="deleted").count() == 0
+    # Every agent session whose id reached the platform was deleted, a timed-out stream's too (its
+    # session_start came first). The others' ids never arrived (no reply, or one that is not JSON):
+    # AAP has no way to find those sessions.
+    stats = agents.stats()
+    id_never_sent = agent_name == "slow" or (stream == "none" and agent_name in ("malformed", "truncated", "endless"))
+    assert stats["open"] == (stats["created"] if id_never_sent else 0), stats
 
 
 def test_an_untrusted_server_side_tool_is_denied_in_one_turn_with_the_results(owner, agents):
