@@ -214,8 +214,9 @@ class Claim:
 
     ENDED = "ended"  # the run is over (finished, cancelled, failed) or gone: drop the message
     STALE = "stale"  # the message is of an earlier generation (a resume sent a newer one): drop it
-    TAKEN = "taken"  # a live worker drives this generation (a duplicate delivery): drop it, that worker
-    #                  holds its own unacknowledged message
+    TAKEN = "taken"  # a worker's lease on this generation: a duplicate delivery (that worker holds its
+    #                  own unacknowledged message), or a dead worker's lease not lapsed yet: look once more
+    #                  after a lease period (evals/tasks.py), then drop it
     BUSY = "busy"  # the previous generation's worker is still ending its episodes: try again shortly
 
 

@@ -8,7 +8,7 @@ from orsplatform.celery import app
 
 
 @app.task(name="evals.run_eval", acks_late=True, reject_on_worker_lost=True)
-def run_eval(run_id: int, generation: int | None = None, sealed: str = "") -> None:
+def run_eval(run_id: int, generation: int | None = None, sealed: str = "", recheck: bool = False) -> None:
     """Drive run `run_id`. `sealed` is the run's environment secrets sealed to it (evals/crypto.py):
     the database never has them, so this message is where they live until the run ends; acks_late
     keeps it on the broker while the run is driven, so a killed worker's message comes back with
@@ -30,3 +30,9 @@ def run_eval(run_id: int, generation: int | None = None, sealed: str = "") -> No
         run_eval.apply_async(args=[run_id, generation, sealed])
     elif outcome == Claim.BUSY:
         run_eval.apply_async(args=[run_id, generation, sealed], countdown=max(0.5, settings.ORS_EVAL_LEASE_SECONDS / 3))
+    elif outcome == Claim.TAKEN and not recheck:
+        # Another worker's lease on this generation: a live worker (this is a duplicate), or a dead
+        # one whose lease has not lapsed yet (RabbitMQ hands a killed worker's message on at once).
+        # Look once more when the lease would have lapsed: by then a dead worker's run is free, and
+        # a live one has renewed its lease and holds its own message, so this one is dropped.
+        run_eval.apply_async(args=[run_id, generation, sealed, True], countdown=settings.ORS_EVAL_LEASE_SECONDS + 1)

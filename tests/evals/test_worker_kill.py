@@ -23,29 +23,32 @@ from tests.fixtures.celery import wait_until
 from tests.fixtures.server import ROOT, database_url
 
 REDIS = os.environ.get("ORS_TEST_EVALS_REDIS_URL", "redis://127.0.0.1:6379/5")
+RABBITMQ = os.environ.get("ORS_TEST_EVALS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 SECRET = "tok-9f81c3-never-stored"
 pytestmark = pytest.mark.e2e
 
 
 class Workers:
-    """Celery workers in their own processes on a queue of their own. The broker's keys carry a
-    prefix of their own too, so the short visibility timeout these workers use (a killed worker's
-    message comes back within seconds) only ever applies to this test's messages."""
+    """Celery workers in their own processes on a queue of their own. On Redis the broker's keys carry
+    a prefix of their own too, so the short visibility timeout these workers use (a killed worker's
+    message comes back within seconds) only ever applies to this test's messages. RabbitMQ gives a
+    killed worker's message to another at once (its connection closed)."""
 
-    def __init__(self, tmp) -> None:
+    def __init__(self, tmp, broker: str = REDIS) -> None:
         self.tmp = tmp
+        self.broker = broker
         self.queue = f"evals-test-{uuid.uuid4().hex[:8]}"
         # Redis looks for overdue unacknowledged messages every interval x throttle seconds (100 by
         # default): every second here.
         self.transport = {"visibility_timeout": 6, "unacked_restore_interval": 1, "unacked_restore_throttle": 1,
-                          "global_keyprefix": f"{self.queue}:"}
+                          "global_keyprefix": f"{self.queue}:"} if broker.startswith("redis") else {}
         self.processes: list[subprocess.Popen] = []
         self.logs: list = []
-        self.client = Celery(broker=REDIS, broker_transport_options=self.transport)
+        self.client = Celery(broker=broker, broker_transport_options=self.transport)
 
     def start(self, name: str, lease: float = 2, slice_seconds: float = 3) -> subprocess.Popen:
         environ = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "orsplatform.settings",
-                   "CELERY_BROKER_URL": REDIS, "CELERY_TASK_ALWAYS_EAGER": "false",
+                   "CELERY_BROKER_URL": self.broker, "CELERY_TASK_ALWAYS_EAGER": "false",
                    "CELERY_TASK_DEFAULT_QUEUE": self.queue, "ORS_EVAL_LEASE_SECONDS": str(lease),
                    "ORS_EVAL_SLICE_SECONDS": str(slice_seconds),
                    "CELERY_BROKER_TRANSPORT_OPTIONS": json.dumps(self.transport),
@@ -81,14 +84,18 @@ class Workers:
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=10)
-        r = redis.Redis.from_url(REDIS)
-        for key in r.scan_iter(match=f"{self.queue}*", count=1000):
-            r.delete(key)
+        if self.broker.startswith("redis"):
+            r = redis.Redis.from_url(REDIS)
+            for key in r.scan_iter(match=f"{self.queue}*", count=1000):
+                r.delete(key)
+        else:
+            with self.client.connection_for_write() as connection:
+                connection.default_channel.queue_delete(self.queue)
 
 
 @pytest.fixture
-def workers(tmp_path):
-    w = Workers(tmp_path)
+def workers(request, tmp_path):
+    w = Workers(tmp_path, getattr(request, "param", REDIS))
     yield w
     w.stop()
 
@@ -136,12 +143,15 @@ def _secrets_seen(run_id: int) -> list:
             ToolCall.objects.filter(session__sid__in=list(sids), name="submit")]
 
 
+@pytest.mark.parametrize("workers", [REDIS, RABBITMQ], ids=["redis", "rabbitmq"], indirect=True)
 def test_a_worker_killed_mid_run_gets_the_secrets_back_with_the_redelivered_message(owner, agents, workers):
     agent = Agent.objects.get(id=register(owner, agents, "solver", "delta")["id"])
     total = 500  # enough that the kill lands mid-run on a quick machine too
     run = services.eval_run_launch(team=owner.team, agent=agent, environment="builtin/math", split="test",
                                    stop=total, concurrency=2, secrets={"TOKEN": SECRET}, enqueue=False)
-    first = workers.start("first", slice_seconds=2)
+    # On RabbitMQ a lease longer than the next worker takes to start: the message comes back while
+    # the dead worker's lease still stands, so the worker must look again rather than drop it.
+    first = workers.start("first", slice_seconds=2, lease=2 if workers.broker == REDIS else 10)
     workers.send(run, {"TOKEN": SECRET})
     # Past its first slice, so the message the kill leaves unacknowledged is a continuation the
     # worker sent itself: the secrets must have been passed along.
@@ -154,7 +164,8 @@ def test_a_worker_killed_mid_run_gets_the_secrets_back_with_the_redelivered_mess
     assert 10 <= len(before) < total
 
     # Nobody resumes it: the broker hands the killed worker's message to the next worker, with the
-    # secrets sealed inside, once its visibility timeout passes and the dead worker's lease lapsed.
+    # secrets sealed inside (Redis: once its visibility timeout passed; RabbitMQ: at once, and the
+    # worker looks again when the dead worker's lease has lapsed).
     workers.start("second")
     wait_until(lambda: EvalRun.objects.get(id=run.id).status == "finished", 180, "the run to finish by itself")
     after = _scored(run.id)
