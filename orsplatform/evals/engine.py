@@ -162,6 +162,8 @@ class Engine:
         """Run a coroutine on the engine's loop and wait for it (tests, the management command)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
+    # --- on the loop ------------------------------------------------------------------------------
+
     async def db(self, fn: Callable[..., T], **kwargs: Any) -> T:
         def run() -> T:
             # The thread keeps its connection (close_old_connections() would close it on every call
