@@ -39,8 +39,10 @@ class Workers:
         self.broker = broker
         self.queue = f"evals-test-{uuid.uuid4().hex[:8]}"
         # Redis looks for overdue unacknowledged messages every interval x throttle seconds (100 by
-        # default): every second here.
+        # default): every second here. The look is under a mutex that a worker killed while holding
+        # it keeps for unacked_mutex_expire seconds (300 by default): 2 here.
         self.transport = {"visibility_timeout": 6, "unacked_restore_interval": 1, "unacked_restore_throttle": 1,
+                          "unacked_mutex_expire": 2,
                           "global_keyprefix": f"{self.queue}:"} if broker.startswith("redis") else {}
         self.processes: list[subprocess.Popen] = []
         self.logs: list = []
