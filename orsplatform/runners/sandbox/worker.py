@@ -15,6 +15,7 @@ this worker (the supervisor kills it once a call outlives its timeout by the gra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import inspect
@@ -140,33 +141,76 @@ class Host:
 
     # --- operations ------------------------------------------------------------------------
 
-    async def op_setup(self, msg: dict) -> None:
+    async def op_setup(self, msg: dict) -> dict | None:
+        """Build the instance and run setup(). With ``"first": true`` the reply also carries what
+        every episode asks next, the prompt and the task tools ({"prompt", "task_tools"}, each
+        left out when the environment's method raised: asked for again, it raises where the
+        client sees it), so an episode crosses the boundary once less; without it (older
+        supervisors) the reply is null as before."""
         secrets = msg.get("secrets") or {}
         values = secret_values(secrets)
+        first = bool(msg.get("first"))
         try:
-            instance, pending = await self.run(self._build, msg["entrypoint"], msg.get("task_spec"), secrets)
+            instance, pending, extra = await self.run(self._build, msg["entrypoint"], msg.get("task_spec"),
+                                                      secrets, first)
             if pending is not None:
                 await pending
         except BaseException as exc:  # environment code may raise anything
             raise SetupError(redact(f"{type(exc).__name__}: {exc}", values)) from None
         self.live[msg["sid"]] = _Live(instance, values)
+        if not first:
+            return None
+        if extra is None:  # setup was a coroutine: the rest after it, as separate requests would
+            extra = {}
+            with contextlib.suppress(Exception):
+                extra["prompt"] = await self.op_prompt(msg)
+            with contextlib.suppress(Exception):
+                extra["task_tools"] = await self.op_task_tools(msg)
+        return extra
 
-    def _build(self, entrypoint: str, task_spec: Any, secrets: dict) -> tuple[Any, Any]:
+    def _build(self, entrypoint: str, task_spec: Any, secrets: dict, first: bool = False) -> tuple[Any, Any, Any]:
         cls = self.load(entrypoint)
         instance = cls(task_spec=task_spec, secrets=dict(secrets))
         if not self._overrides(instance, "setup"):
-            return instance, None
+            return instance, None, self._first(instance) if first else None
         if inspect.iscoroutinefunction(inspect.unwrap(instance.setup)):
-            return instance, instance.setup()  # a coroutine, awaited on the loop
+            return instance, instance.setup(), None  # a coroutine, awaited on the loop
         result = instance.setup()
-        return instance, result if inspect.isawaitable(result) else None
+        if inspect.isawaitable(result):
+            return instance, result, None
+        return instance, None, self._first(instance) if first else None
 
-    async def op_prompt(self, msg: dict) -> list:
+    def _first(self, instance: Any) -> dict:
+        """The prompt and task tools of a fresh instance, in the thread that built it (one hop
+        for the three), when their methods are plain functions."""
+        extra: dict[str, Any] = {}
+        if not inspect.iscoroutinefunction(inspect.unwrap(instance.get_prompt)):
+            with contextlib.suppress(BaseException):  # SystemExit too: it raises again when asked again
+                blocks = instance.get_prompt()
+                if not inspect.isawaitable(blocks):
+                    extra["prompt"] = self._blocks(blocks)
+                elif inspect.iscoroutine(blocks):
+                    blocks.close()
+        if not self._overrides(instance, "list_task_tools"):
+            extra["task_tools"] = []
+        elif not inspect.iscoroutinefunction(inspect.unwrap(instance.list_task_tools)):
+            with contextlib.suppress(BaseException):  # SystemExit too: it raises again when asked again
+                tools = instance.list_task_tools()
+                if not inspect.isawaitable(tools):
+                    extra["task_tools"] = [t.model_dump(mode="json") for t in tools.tools]
+                elif inspect.iscoroutine(tools):
+                    tools.close()
+        return extra
+
+    @staticmethod
+    def _blocks(blocks: Any) -> list:
         from pydantic import BaseModel
 
-        live = self._instance(msg["sid"])
-        blocks = await self.run(live.instance.get_prompt)
         return [b.model_dump(mode="json") if isinstance(b, BaseModel) else b for b in blocks]
+
+    async def op_prompt(self, msg: dict) -> list:
+        live = self._instance(msg["sid"])
+        return self._blocks(await self.run(live.instance.get_prompt))
 
     async def op_task_tools(self, msg: dict) -> list:
         live = self._instance(msg["sid"])
