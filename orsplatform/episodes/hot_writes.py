@@ -82,7 +82,7 @@ def _tool_call_record_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]
 
 
 def _session_end_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:
-    return SqlForm(services.END_SQL, services.session_end_params(rows), EXECUTEMANY)
+    return SqlForm(services.END_SQL, services.session_end_params(rows, json), EXECUTEMANY)
 
 
 def _session_record_prompt_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:

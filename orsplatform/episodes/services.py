@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -67,7 +68,8 @@ END_SQL = (
     " total_reward = CASE WHEN %s THEN %s"
     " ELSE (SELECT SUM(reward) FROM episodes_toolcall t WHERE t.session_id = episodes_session.id) END,"
     " finished = COALESCE(%s, EXISTS(SELECT 1 FROM episodes_toolcall t"
-    " WHERE t.session_id = episodes_session.id AND t.finished))"
+    " WHERE t.session_id = episodes_session.id AND t.finished)),"
+    " prompt = COALESCE(prompt, %s)"
     " WHERE id = %s AND status NOT IN ('deleted', 'expired', 'lost')"
 )
 
@@ -78,9 +80,16 @@ def sessions_end(*, rows: list[dict[str, Any]]) -> None:
     insert; the audit rows remain what they can be recomputed from. One executemany of plain SQL:
     the ORM's per-row CASE expressions cost more CPU than the whole rest of an episode. Sessions
     served by several gateways (the celery executor) have no in-memory totals: the audit log is
-    summed instead, in the same statement (an index lookup on the session's calls)."""
+    summed instead, in the same statement (an index lookup on the session's calls). A row's
+    optional ``prompt`` (blocks) is stored unless one already is: a gateway that holds the
+    session to its end writes the prompt here instead of in a statement of its own."""
     with connection.cursor() as cursor:
-        cursor.executemany(END_SQL, session_end_params(rows))
+        cursor.executemany(END_SQL, session_end_params(rows, _json_param))
+
+
+def _json_param(value: Any) -> Any:
+    """A JSON value as the prompt column takes it through Django's connection."""
+    return Session._meta.get_field("prompt").get_db_prep_value(value, connection)
 
 
 TOUCH_SQL = "UPDATE episodes_session SET last_activity_at = %s WHERE id = %s"
@@ -138,8 +147,8 @@ def tool_calls_record(*, rows: list[dict[str, Any]]) -> None:
     )
 
 
-def session_end_params(rows: list[dict[str, Any]]) -> list[tuple]:
-    """Parameters for END_SQL."""
+def session_end_params(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> list[tuple]:
+    """Parameters for END_SQL; `json` wraps a JSON value for the connection that runs it."""
     now = timezone.now()
     params = []
     for r in rows:
@@ -147,7 +156,8 @@ def session_end_params(rows: list[dict[str, Any]]) -> list[tuple]:
         params.append((
             r["status"], now, r.get("last_activity_at"), r.get("ready_at"),
             totals.calls if totals else None, totals is not None, totals.total_reward if totals else None,
-            totals.finished if totals else None, r["pk"],
+            totals.finished if totals else None,
+            None if r.get("prompt") is None else json(r["prompt"]), r["pk"],
         ))
     return params
 
@@ -164,8 +174,10 @@ def session_record_prompt(*, pk: int, blocks: list[dict[str, Any]]) -> None:
 
 
 def sessions_record_prompt(*, rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        session_record_prompt(pk=row["pk"], blocks=row["blocks"])
+    """session_record_prompt for many sessions in one executemany (the ORM's update per row cost
+    more than the episode's other writes together)."""
+    with connection.cursor() as cursor:
+        cursor.executemany(PROMPT_SQL, [(_json_param(r["blocks"]), r["pk"]) for r in rows])
 
 
 # --- reaping (the celery executor's beat tasks) ---------------------------------------------------

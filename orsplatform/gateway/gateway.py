@@ -345,8 +345,11 @@ class EpisodeGateway:
             # For the session explorer and exports; off the request's path (the answer does not wait).
             live.prompt_recorded = True
             audit = self.executor.prompt_audit(live.sid)
-            self.spawn(self._record_prompt(live.pk, storable(audit if audit is not None
-                                                              else redact(blocks, live.secrets))))
+            audit = storable(audit if audit is not None else redact(blocks, live.secrets))
+            if self.executor.shared:  # other gateways may end the session: written now
+                self.spawn(self._record_prompt(live.pk, audit))
+            else:  # written with the session's end (or the activity flush): no statement of its own
+                live.prompt_unwritten = audit
         return blocks
 
     async def _record_prompt(self, pk: int, blocks: list[dict]) -> None:
@@ -393,7 +396,8 @@ class EpisodeGateway:
         try:
             # The row first: while the database is down the request fails (503) and the session is
             # left as it was (instance included), so the client's retried delete finds it intact.
-            await self.store.session_end(live.pk, status, live.last_activity_at(), totals, live.ready_at)
+            await self.store.session_end(live.pk, status, live.last_activity_at(), totals, live.ready_at,
+                                         live.prompt_unwritten)
         except BaseException:
             live.deleted = False
             raise
@@ -501,9 +505,14 @@ class EpisodeGateway:
     async def flush_activity(self) -> None:
         changed = [live for live in self.sessions.values()
                    if live.last_activity != live.flushed_activity or (live.ready_at and not live.ready_flushed)]
+        prompts = {live.pk: live.prompt_unwritten for live in self.sessions.values()
+                   if live.prompt_unwritten is not None}
         # Readiness only until it is written once (it never changes again).
         await self.store.flush_activity({live.pk: (live.last_activity_at(), None if live.ready_flushed else live.ready_at)
-                                         for live in changed})
+                                         for live in changed}, prompts)
+        for live in self.sessions.values():
+            if live.pk in prompts:
+                live.prompt_unwritten = None
         await self.limits.renew([(live.team_id, live.sid) for live in self.sessions.values()
                                  if live.team_id is not None]
                                 + [(d.team_id, sid) for sid, d in self.deferred.items()
