@@ -195,7 +195,8 @@ class InlineExecutor(Executor):
             return
         try:
             if worker.alive and live.error is None:
-                await worker.request("stop", timeout=TEARDOWN_SECONDS, sid=sid)
+                # Lazy: nobody waits for it, so it rides along with the next request's write.
+                await worker.request("stop", timeout=TEARDOWN_SECONDS, lazy=True, sid=sid)
         except (WorkerGone, WorkerError, CallTimedOut) as exc:
             log.warning("teardown failed for session %s: %s", sid, type(exc).__name__)
         finally:

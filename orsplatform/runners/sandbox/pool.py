@@ -44,6 +44,12 @@ SANDBOX_WORKER = "/ors/worker.py"
 SANDBOX_PACKAGE = "/ors/env"
 PIDS_CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
 JANITOR_SECONDS = 0.5
+LAZY_SECONDS = 0.05
+READ_CHUNK = 256 * 1024
+
+
+class _Stop(Exception):
+    """Ends the reader loop."""
 
 
 class WorkerGone(Exception):
@@ -207,6 +213,12 @@ class Worker:
         self._reader: asyncio.Task | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
         self._cgroup: _PidsCgroup | None = None
+        # Frames not yet written: every frame of one event-loop pass goes out in one write (one
+        # wake-up of the worker instead of one per frame); lazy ones (teardowns) wait for the
+        # next urgent frame or LAZY_SECONDS.
+        self._out: list[bytes] = []
+        self._flush_soon: asyncio.Handle | None = None
+        self._flush_later: asyncio.TimerHandle | None = None
         # Told (sessions, reason) when the worker ends with sessions in it (runner nodes record it).
         self.on_death: Callable[[list[str], str], None] | None = None
 
@@ -246,23 +258,25 @@ class Worker:
     async def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         stdout = self.proc.stdout
+        buffer = bytearray()
         try:
-            while True:
-                (size,) = HEADER.unpack(await stdout.readexactly(HEADER.size))
-                if size > MAX_FRAME:
-                    self.kill("it sent a message larger than the protocol allows")
-                    break
-                message = orjson.loads(await stdout.readexactly(size))
-                request_id = message.get("id") if isinstance(message, dict) else None
-                if request_id == 0:
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_result(None)
-                    continue
-                self._overdue.pop(request_id, None)
-                future = self._pending.pop(request_id, None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-        except (asyncio.IncompleteReadError, ConnectionError):
+            # Whatever the pipe holds, then every whole frame in it: a batch of replies costs one
+            # read, not two awaits per frame.
+            while chunk := await stdout.read(READ_CHUNK):
+                buffer += chunk
+                offset, end = 0, len(buffer)
+                while end - offset >= HEADER.size:
+                    (size,) = HEADER.unpack_from(buffer, offset)
+                    if size > MAX_FRAME:
+                        self.kill("it sent a message larger than the protocol allows")
+                        raise _Stop
+                    if end - offset - HEADER.size < size:
+                        break
+                    start = offset + HEADER.size
+                    self._answer(orjson.loads(memoryview(buffer)[start:start + size]))
+                    offset = start + size
+                del buffer[:offset]
+        except (_Stop, ConnectionError):
             pass
         except Exception as exc:  # garbage on the pipe: the worker (tenant code) broke the protocol
             self.kill(f"it broke the supervisor protocol ({type(exc).__name__})")
@@ -272,6 +286,43 @@ class Worker:
             self.kill("it closed its channel to the platform")
             returncode = await self.proc.wait()
         self._died(returncode)
+
+    def _answer(self, message: Any) -> None:
+        request_id = message.get("id") if isinstance(message, dict) else None
+        if request_id == 0:
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(None)
+            return
+        self._overdue.pop(request_id, None)
+        future = self._pending.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(message)
+
+    def _write(self, frame: bytes, lazy: bool) -> None:
+        self._out.append(frame)
+        if self._flush_soon is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if not lazy:
+            self._flush_soon = loop.call_soon(self._flush)
+        elif self._flush_later is None:
+            self._flush_later = loop.call_later(LAZY_SECONDS, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = None
+        if self._flush_later is not None:
+            self._flush_later.cancel()
+            self._flush_later = None
+        if not self._out:
+            return
+        data, self._out = b"".join(self._out), []
+        try:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(data)
+        except (ConnectionError, RuntimeError, AssertionError):
+            # The pipe is gone: the worker ended (its reader reports how, and fails every pending
+            # request) or closed its end, which leaves nothing to talk to.
+            self.kill()
 
     def _died(self, returncode: int | None) -> None:
         if self.kill_reason:
@@ -313,7 +364,9 @@ class Worker:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
 
-    async def request(self, op: str, timeout: float | None = None, **fields: Any) -> Any:
+    async def request(self, op: str, timeout: float | None = None, lazy: bool = False, **fields: Any) -> Any:
+        """Send op and await its reply. A lazy request (one nobody waits for, such as a teardown)
+        may wait up to LAZY_SECONDS to share its write with the next one."""
         if self.dead is not None:
             raise WorkerGone(self.dead)
         assert self.proc is not None and self.proc.stdin is not None
@@ -321,11 +374,10 @@ class Worker:
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         body = orjson.dumps({"id": request_id, "op": op, **fields})
-        try:
-            self.proc.stdin.write(HEADER.pack(len(body)) + body)
-        except (ConnectionError, RuntimeError):
+        if self.proc.stdin.is_closing():
             self._pending.pop(request_id, None)
-            raise WorkerGone(self.dead or f"The environment {self.label} stopped.") from None
+            raise WorkerGone(self.dead or f"The environment {self.label} stopped.")
+        self._write(HEADER.pack(len(body)) + body, lazy)
         try:
             if timeout is None:
                 reply = await future
@@ -443,6 +495,7 @@ class SandboxPool:
         for worker in self.workers():
             if worker.proc is not None and worker.proc.stdin is not None:
                 with contextlib.suppress(Exception):
+                    worker._flush()  # teardowns still waiting for company
                     worker.proc.stdin.close()  # the worker ends when its pipe closes
         deadline = time.monotonic() + 2.0
         for worker in self.workers():

@@ -32,6 +32,8 @@ import orjson
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
+READ_CHUNK = 256 * 1024
+LAZY_SECONDS = 0.05
 REDACTED = "[redacted]"
 MIN_SECRET_LENGTH = 4  # as orsplatform.runners.redact: shorter values would redact ordinary text
 
@@ -280,28 +282,66 @@ class SetupError(Exception):
 
 
 class Channel:
-    """The framed pipe to the supervisor."""
+    """The framed pipe to the supervisor. Replies of one event-loop pass go out in one write (one
+    wake-up of the supervisor, not one per reply); lazy ones (teardowns) wait for company up to
+    LAZY_SECONDS."""
 
     def __init__(self, reader: asyncio.StreamReader, transport: asyncio.WriteTransport) -> None:
         self.reader = reader
         self.transport = transport
+        self._buffer = bytearray()
+        self._out: list[bytes] = []
+        self._soon: asyncio.Handle | None = None
+        self._later: asyncio.TimerHandle | None = None
 
-    async def read(self) -> dict | None:
+    async def read(self) -> list[dict] | None:
+        """Every whole frame the pipe holds (at least one); None when it closed or spoke garbage."""
+        buffer = self._buffer
         try:
-            (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
-            if size > MAX_FRAME:
-                return None
-            return orjson.loads(await self.reader.readexactly(size))
-        except asyncio.IncompleteReadError:
+            while True:
+                messages, offset, end = [], 0, len(buffer)
+                while end - offset >= HEADER.size:
+                    (size,) = HEADER.unpack_from(buffer, offset)
+                    if size > MAX_FRAME:
+                        return None
+                    if end - offset - HEADER.size < size:
+                        break
+                    start = offset + HEADER.size
+                    messages.append(orjson.loads(memoryview(buffer)[start:start + size]))
+                    offset = start + size
+                del buffer[:offset]
+                if messages:
+                    return messages
+                chunk = await self.reader.read(READ_CHUNK)
+                if not chunk:
+                    return None
+                buffer += chunk
+        except orjson.JSONDecodeError:
             return None
 
-    def send(self, message: dict) -> None:
+    def send(self, message: dict, lazy: bool = False) -> None:
         try:
             body = orjson.dumps(message)
         except (TypeError, orjson.JSONEncodeError) as exc:  # the environment's value
             body = orjson.dumps({"id": message.get("id"), "ok": False,
                                  "error": f"The environment's answer is not valid JSON: {exc}"})
-        self.transport.write(HEADER.pack(len(body)) + body)
+        self._out.append(HEADER.pack(len(body)) + body)
+        if self._soon is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if not lazy:
+            self._soon = loop.call_soon(self.flush)
+        elif self._later is None:
+            self._later = loop.call_later(LAZY_SECONDS, self.flush)
+
+    def flush(self) -> None:
+        self._soon = None
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
+        if self._out:
+            data, self._out = b"".join(self._out), []
+            self.transport.write(data)
 
 
 async def serve(host: Host, channel: Channel) -> None:
@@ -322,15 +362,17 @@ async def serve(host: Host, channel: Channel) -> None:
             live = host.live.get(msg.get("sid", ""))
             reply.update(ok=False, kind="error", error=redact(f"{type(exc).__name__}: {exc}",
                                                               live.secrets if live else ()))
-        channel.send(reply)
+        channel.send(reply, lazy=msg.get("op") == "stop")
 
     while True:
-        msg = await channel.read()
-        if msg is None:
+        messages = await channel.read()
+        if messages is None:
+            channel.flush()
             return  # the supervisor closed the pipe (or spoke garbage): the worker ends
-        task = asyncio.create_task(handle(msg))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        for msg in messages:
+            task = asyncio.create_task(handle(msg))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
 
 async def main_async(package_dir: str, threads: int, fd_in: int, fd_out: int) -> None:
@@ -341,6 +383,7 @@ async def main_async(package_dir: str, threads: int, fd_in: int, fd_out: int) ->
     host = Host(package_dir, threads)
     channel = Channel(reader, transport)
     channel.send({"id": 0, "ok": True, "value": {"pid": os.getpid()}})  # ready
+    channel.flush()
     await serve(host, channel)
 
 
