@@ -77,7 +77,7 @@ def _run_grouped(ops: list[tuple[Op, dict]]) -> list[tuple[bool, Any]]:
         else:
             results[i] = (True, op(**kwargs))
     for write, indexes in groups.items():
-        value = write.many(rows=[ops[i][1] for i in indexes])
+        value = write.run(rows=[ops[i][1] for i in indexes])
         for n, i in enumerate(indexes):
             results[i] = (True, value[n] if write.per_row else None)
     return results  # type: ignore[return-value]
@@ -209,6 +209,7 @@ class Store:
         self._threads = threads
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ors-db")
         self._envs = _TtlCache()
+        self._resolving: dict[tuple, asyncio.Future] = {}
         self._versions: dict[int, EnvHandle] = {}
         # Task specs by (split, revision, index): a re-ingest bumps the revision.
         self._tasks: dict[tuple[int, int, int], Any] = {}
@@ -233,10 +234,19 @@ class Store:
         key = (caller.team_id, ref)
         handle = self._envs.get(key)
         if handle is None:
-            handle = await self._run(catalog.environment_resolve, caller=caller, ref=ref)
-            # Misses are cached too, so a stream of requests for an unknown name stays off the DB.
-            self._envs.put(key, handle if handle is not None else _MISSING)
+            # Requests that miss together share one lookup (an expiry at concurrency 16 sent 16).
+            lookup = self._resolving.get(key)
+            if lookup is None:
+                lookup = self._resolving[key] = asyncio.ensure_future(self._resolve(caller, ref))
+                lookup.add_done_callback(lambda _: self._resolving.pop(key, None))
+            handle = await asyncio.shield(lookup)
         return None if handle is _MISSING else handle
+
+    async def _resolve(self, caller: Caller, ref: str) -> Any:
+        handle = await self._run(catalog.environment_resolve, caller=caller, ref=ref)
+        # Misses are cached too, so a stream of requests for an unknown name stays off the DB.
+        self._envs.put((caller.team_id, ref), handle if handle is not None else _MISSING)
+        return handle if handle is not None else _MISSING
 
     async def environment_by_id(self, caller: Caller, environment_id: int) -> EnvHandle | None:
         key = (caller.team_id, environment_id)
