@@ -141,37 +141,51 @@ class EpisodeGateway:
         runner = runner or await self._place(caller)
         holds_slot = slot_taken if slot_taken is not None else await self.limits.acquire_session(
             caller.team_id, sid, caller.max_open_sessions)
+        owner = {"pk": None, "team": caller.team_id, "version": env.version_id,
+                 "env": f"{env.full_name}@{env.version_number}", "slot": holds_slot}
+        spec = SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,
+                           task_spec=task_spec, secrets=secrets, owner=owner)
+        # An executor of this process needs nothing of the row: setup starts now and runs while
+        # the row is written (the episode's first answer waits for the longer of the two, not
+        # both). A shared one keeps the row's id with the session, so it starts after the write.
+        early = not self.executor.shared
+        if early:
+            await self._start(caller, sid, spec, runner, None)
         try:
             pk = await self.store.session_create(
                 sid=sid, caller=caller, env=env, task_spec=task_spec, split=split or "", index=index,
                 runner=runner, protocol=protocol,
             )
         except BaseException as exc:
+            if early:
+                await self.executor.stop(sid)
             await self.limits.release_session(caller.team_id, sid)
             if isinstance(exc, IntegrityError):
                 raise GatewayError(400, "Session already exists") from None
             raise
+        owner["pk"] = pk
         live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, secrets=secret_values(secrets),
                            runner=runner, adopted_at=time.monotonic() if self.executor.shared else None,
                            holds_slot=holds_slot, protocol=protocol)
         self.sessions[sid] = live
+        if not early:
+            await self._start(caller, sid, spec, runner, pk)
+        self.pending.pop(sid, None)
+        self.spawn(self._record_setup(live))
+        return live
+
+    async def _start(self, caller: Caller, sid: str, spec: SessionSpec, runner: str, pk: int | None) -> None:
         try:
-            await self.executor.start(SessionSpec(
-                sid=sid, package_path=env.package_path, entrypoint=env.entrypoint, task_spec=task_spec,
-                secrets=secrets, owner={"pk": pk, "team": caller.team_id, "version": env.version_id,
-                                        "env": f"{env.full_name}@{env.version_number}",
-                                        "slot": holds_slot}), runner)
+            await self.executor.start(spec, runner)
         except Exception as exc:
             # The runner could not be reached: undo, so a retry of this create with the same id works.
             log.warning("could not start session %s on %s: %s", sid, runner, exc)
             self.sessions.pop(sid, None)
             await self.limits.release_session(caller.team_id, sid)
-            await self.store.session_discard(pk)
+            if pk is not None:
+                await self.store.session_discard(pk)
             raise GatewayError(503, "No runner could take the session; retry shortly.",
                                {"Retry-After": "2"}) from None
-        self.pending.pop(sid, None)
-        self.spawn(self._record_setup(live))
-        return live
 
     async def defer_episode(self, caller: Caller, *, sid: str, task_spec: Any = None, split: str | None = None,
                             index: int | None = None, secrets: dict[str, str] | None = None,
