@@ -179,6 +179,10 @@ class InlineExecutor(Executor):
         live = self._live.pop(sid, None)
         if live is None:
             return
+        if live.worker is not None:
+            # Its place in the worker is free now: counted until the teardown's reply, it made
+            # a pair with a steady number of sessions look over its cap and start workers.
+            self.pool.release(live.worker, sid)
         task = asyncio.create_task(self._teardown(sid, live))
         self._teardowns.add(task)
         task.add_done_callback(self._teardowns.discard)

@@ -423,6 +423,7 @@ class SandboxPool:
         self.on_lost = on_lost
         self._workers: dict[tuple, list[Worker]] = {}
         self._locks: dict[tuple, asyncio.Lock] = {}
+        self._spawning: dict[tuple, asyncio.Task] = {}  # a pair's next worker, while it starts
         self._janitor: asyncio.Task | None = None
         self._limits: dict[str, Limits] = {}
 
@@ -444,22 +445,42 @@ class SandboxPool:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             workers = [w for w in self._workers.get(key, []) if w.alive]
-            roomy = [w for w in workers if len(w.sessions) < self.config.sessions_per_worker]
+            cap = self.config.sessions_per_worker
+            roomy = [w for w in workers if len(w.sessions) < cap]
+            spawning = self._spawning.get(key)
             if roomy:
                 worker = min(roomy, key=lambda w: len(w.sessions))
-            elif len(workers) < self.config.max_workers_per_key:
-                worker = Worker(key, label, self.config)
-                worker.on_death = self.on_lost
-                await worker.spawn(package_dir, limits)
-                # Looked up again: the janitor drops a pair's empty list while a worker starts.
-                self._workers.setdefault(key, []).append(worker)
-                log.info("sandbox worker %s started for %s (%d of this pair)",
-                         worker.proc.pid if worker.proc else "?", label, len(workers) + 1)
+            elif spawning is None and len(workers) < self.config.max_workers_per_key:
+                # Over the cap: the next worker starts in the background while sessions overflow
+                # onto the running ones by up to a quarter of the cap (a start takes a second or
+                # two, which every new session of the pair would otherwise wait for); only a pair
+                # with no worker, or past the overflow, waits for the start.
+                spawning = self._spawning[key] = asyncio.create_task(
+                    self._start_worker(key, package_dir, limits, label, len(workers) + 1))
+                spawning.add_done_callback(_consume)  # a failed start is reported to whoever awaits it
+                overflow = [w for w in workers if len(w.sessions) < cap + cap // 4]
+                worker = min(overflow, key=lambda w: len(w.sessions)) if overflow else await asyncio.shield(spawning)
+            elif spawning is not None:
+                overflow = [w for w in workers if len(w.sessions) < cap + cap // 4]
+                worker = min(overflow, key=lambda w: len(w.sessions)) if overflow else await asyncio.shield(spawning)
             else:  # at the cap: share the least loaded one
                 worker = min(workers, key=lambda w: len(w.sessions))
             worker.sessions.add(sid)
             worker.idle_since = None
             return worker
+
+    async def _start_worker(self, key: tuple, package_dir: str, limits: Limits, label: str, nth: int) -> Worker:
+        try:
+            worker = Worker(key, label, self.config)
+            worker.on_death = self.on_lost
+            await worker.spawn(package_dir, limits)
+            # Looked up again: the janitor drops a pair's empty list while a worker starts.
+            self._workers.setdefault(key, []).append(worker)
+            log.info("sandbox worker %s started for %s (%d of this pair)",
+                     worker.proc.pid if worker.proc else "?", label, nth)
+            return worker
+        finally:
+            self._spawning.pop(key, None)
 
     def release(self, worker: Worker, sid: str) -> None:
         worker.sessions.discard(sid)
@@ -492,6 +513,8 @@ class SandboxPool:
     async def close(self) -> None:
         if self._janitor is not None:
             self._janitor.cancel()
+        if self._spawning:  # registered once started, so closed with the others below
+            await asyncio.wait(list(self._spawning.values()), timeout=self.config.start_seconds)
         for worker in self.workers():
             if worker.proc is not None and worker.proc.stdin is not None:
                 with contextlib.suppress(Exception):
