@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -74,7 +75,7 @@ def log_tail(path: Path, lines: int = 30) -> str:
 @contextlib.contextmanager
 def server_process(
     name: str, cmd: list[str], env: dict[str, str], base_url: str, log_path: Path, startup_timeout: float
-) -> Iterator[None]:
+) -> Iterator[subprocess.Popen[bytes]]:
     """Start `cmd`, wait until GET /health answers 200, and always stop it on exit."""
     with open(log_path, "wb") as log:
         # A file, not a pipe: nobody reads a pipe during the run, and a full one blocks the server.
@@ -83,9 +84,30 @@ def server_process(
         )
     try:
         wait_healthy(name, proc, base_url, log_path, startup_timeout)
-        yield
+        yield proc
     finally:
         stop_process(proc)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU (user + system) of a process and all its descendants (the platform's sandbox workers)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, _) in stats.items():
+            if ppid == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(stats[p][1] for p in tree if p in stats)
 
 
 def wait_healthy(
@@ -150,13 +172,21 @@ def postgres_database() -> Iterator[str]:
             run_command(["dropdb", *PG_ADMIN, "--if-exists", "--force", name], dict(os.environ), timeout=60)
 
 
-def measure(name: str, base_url: str, api_key: str | None, load: LoadConfig) -> dict[str, Any]:
+def measure(name: str, base_url: str, api_key: str | None, load: LoadConfig,
+            server_pid: int | None = None) -> dict[str, Any]:
+    """The load's result, with the server's CPU per measured episode (its whole process tree,
+    sandbox workers included; read when the warm-up ends and when the load ends) and the load
+    average."""
     print(
         f"-- {name}: {load.warmup:g}s warm-up + {load.duration:g}s at concurrency {load.concurrency} "
         f"against {base_url}",
         flush=True,
     )
-    return asyncio.run(
+    marks: list[float] = []
+    timer = threading.Timer(load.warmup, lambda: marks.append(tree_cpu_seconds(server_pid))) if server_pid else None
+    if timer is not None:
+        timer.start()
+    result = asyncio.run(
         run_load(
             base_url=base_url,
             env=load.env,
@@ -168,6 +198,15 @@ def measure(name: str, base_url: str, api_key: str | None, load: LoadConfig) -> 
             answer=load.answer,
         )
     )
+    if timer is not None:
+        timer.cancel()
+        if marks:
+            cpu = tree_cpu_seconds(server_pid) - marks[0]
+            result["server_cpu_ms_per_episode"] = cpu * 1000 / max(result["episodes"], 1)
+    result["loadavg"] = os.getloadavg()
+    print(f"server CPU per episode {result.get('server_cpu_ms_per_episode', float('nan')):.2f} ms  "
+          f"load average {' '.join(f'{x:.2f}' for x in result['loadavg'])}", flush=True)
+    return result
 
 
 def bench_reference(script: Path, load: LoadConfig, workdir: Path, startup_timeout: float) -> dict[str, Any]:
@@ -184,8 +223,8 @@ def bench_reference(script: Path, load: LoadConfig, workdir: Path, startup_timeo
         base_url,
         workdir / "reference.log",
         startup_timeout,
-    ):
-        return measure("reference", base_url, None, load)
+    ) as proc:
+        return measure("reference", base_url, None, load, proc.pid)
 
 
 def platform_env(database_url: str) -> dict[str, str]:
@@ -233,8 +272,8 @@ def bench_platform(
         base_url,
         workdir / f"platform-{server}.log",
         startup_timeout,
-    ):
-        return measure(f"platform ({server})", base_url, api_key, load)
+    ) as proc:
+        return measure(f"platform ({server})", base_url, api_key, load, proc.pid)
 
 
 def run_platform(args: argparse.Namespace, load: LoadConfig, workdir: Path) -> dict[str, Any]:
@@ -260,6 +299,8 @@ def compare(reference: dict[str, Any], platform: dict[str, Any]) -> dict[str, An
         "episodes_per_s_ratio": eps_ratio,
         "call_p50_diff_ms": call_diff,
         "p50_ratio": {name: ratio(plat_ep[name]["p50_ms"], ref_ep[name]["p50_ms"]) for name in ref_ep},
+        "server_cpu_ms_per_episode": [reference.get("server_cpu_ms_per_episode"),
+                                      platform.get("server_cpu_ms_per_episode")],
         "budget_ok": (
             eps_ratio >= BUDGET_MIN_RATIO
             and call_diff <= BUDGET_MAX_CALL_P50_DIFF_MS
@@ -276,6 +317,8 @@ def format_comparison(result: dict[str, Any]) -> str:
         f"/call p50 difference (platform - reference): {result['call_p50_diff_ms']:+.2f} ms",
         "p50 ratio (platform / reference): "
         + "  ".join(f"{name} {value:.2f}" for name, value in result["p50_ratio"].items()),
+        "server CPU per episode (reference / platform): "
+        + " / ".join(f"{v:.2f} ms" if v is not None else "n/a" for v in result["server_cpu_ms_per_episode"]),
         f"budget (ratio >= {BUDGET_MIN_RATIO:g}, /call p50 diff <= {BUDGET_MAX_CALL_P50_DIFF_MS:g} ms, "
         f"no errors): {'PASS' if result['budget_ok'] else 'FAIL'}",
     ]

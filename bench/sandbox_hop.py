@@ -101,7 +101,8 @@ async def main(args: argparse.Namespace) -> None:
     ms2, eps2 = await run(executor, args.episodes, args.concurrency, workers_cpu)
     await executor.close()
     print(f"sandboxed (bubblewrap worker): {ms2:.3f} ms CPU per episode, {eps2:.0f} episodes/s")
-    print(f"the boundary costs {ms2 - ms:+.3f} ms CPU per episode (4 round trips: setup, prompt, call, stop)")
+    print(f"the boundary costs {ms2 - ms:+.3f} ms CPU per episode (3 round trips: setup, which brings the "
+          "prompt back, call, stop; the frames of one loop pass share a write)")
 
 
 if __name__ == "__main__":

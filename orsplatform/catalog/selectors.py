@@ -129,11 +129,13 @@ def version_handle(*, version_id: int) -> EnvHandle | None:
 
 
 # The same read in SQL, for the hot path's async connection (orsplatform/ors/pg_writer.py).
-TASK_SPEC_SQL = "SELECT spec FROM catalog_task WHERE split_id = %s AND index = %s"
+TASK_SPEC_BLOCK_SQL = "SELECT index, spec FROM catalog_task WHERE split_id = %s AND index >= %s AND index < %s"
 
 
-def task_spec_get(*, split_id: int, index: int) -> Any:
-    return Task.objects.filter(split_id=split_id, index=index).values_list("spec", flat=True).first()
+def task_spec_block(*, split_id: int, start: int, stop: int) -> list[tuple[int, Any]]:
+    """(index, spec) of the tasks in [start, stop): the gateway reads tasks a block at a time."""
+    return list(Task.objects.filter(split_id=split_id, index__gte=start, index__lt=stop)
+                .values_list("index", "spec"))
 
 
 def task_specs_range(*, split_id: int, start: int, stop: int) -> list:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -67,7 +68,8 @@ END_SQL = (
     " total_reward = CASE WHEN %s THEN %s"
     " ELSE (SELECT SUM(reward) FROM episodes_toolcall t WHERE t.session_id = episodes_session.id) END,"
     " finished = COALESCE(%s, EXISTS(SELECT 1 FROM episodes_toolcall t"
-    " WHERE t.session_id = episodes_session.id AND t.finished))"
+    " WHERE t.session_id = episodes_session.id AND t.finished)),"
+    " prompt = COALESCE(prompt, %s)"
     " WHERE id = %s AND status NOT IN ('deleted', 'expired', 'lost')"
 )
 
@@ -78,12 +80,21 @@ def sessions_end(*, rows: list[dict[str, Any]]) -> None:
     insert; the audit rows remain what they can be recomputed from. One executemany of plain SQL:
     the ORM's per-row CASE expressions cost more CPU than the whole rest of an episode. Sessions
     served by several gateways (the celery executor) have no in-memory totals: the audit log is
-    summed instead, in the same statement (an index lookup on the session's calls)."""
+    summed instead, in the same statement (an index lookup on the session's calls). A row's
+    optional ``prompt`` (blocks) is stored unless one already is: a gateway that holds the
+    session to its end writes the prompt here instead of in a statement of its own."""
     with connection.cursor() as cursor:
-        cursor.executemany(END_SQL, session_end_params(rows))
+        cursor.executemany(END_SQL, session_end_params(rows, _json_param))
+
+
+def _json_param(value: Any) -> Any:
+    """A JSON value as the prompt column takes it through Django's connection."""
+    return Session._meta.get_field("prompt").get_db_prep_value(value, connection)
 
 
 TOUCH_SQL = "UPDATE episodes_session SET last_activity_at = %s WHERE id = %s"
+READY_SQL = "UPDATE episodes_session SET status = %s, ready_at = %s WHERE id = %s AND status = %s"
+READY_AT_SQL = "UPDATE episodes_session SET ready_at = %s WHERE id = %s AND ready_at IS NULL"
 
 
 def sessions_touch(*, activity: dict[int, tuple[datetime, datetime | None]]) -> None:
@@ -93,9 +104,14 @@ def sessions_touch(*, activity: dict[int, tuple[datetime, datetime | None]]) -> 
     with connection.cursor() as cursor:
         adapt = connection.ops.adapt_datetimefield_value  # the column's own form on each database
         cursor.executemany(TOUCH_SQL, [(adapt(at), pk) for pk, (at, _) in activity.items()])
-    for pk, (_, ready_at) in activity.items():
-        if ready_at is not None:
-            session_mark_ready(pk=pk, ready_at=ready_at)
+        # Readiness as session_mark_ready, for all of them in two statements: two ORM updates per
+        # session held the one SQLite writer (and, on its thread, the GIL) for seconds when
+        # 2,000 sessions opened within one flush interval.
+        ready = [(adapt(ready_at), pk) for pk, (_, ready_at) in activity.items() if ready_at is not None]
+        if ready:
+            cursor.executemany(READY_SQL, [(Session.Status.READY.value, at, pk, Session.Status.CREATING.value)
+                                           for at, pk in ready])
+            cursor.executemany(READY_AT_SQL, ready)
 
 
 @dataclass(frozen=True)
@@ -138,8 +154,8 @@ def tool_calls_record(*, rows: list[dict[str, Any]]) -> None:
     )
 
 
-def session_end_params(rows: list[dict[str, Any]]) -> list[tuple]:
-    """Parameters for END_SQL."""
+def session_end_params(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> list[tuple]:
+    """Parameters for END_SQL; `json` wraps a JSON value for the connection that runs it."""
     now = timezone.now()
     params = []
     for r in rows:
@@ -147,7 +163,8 @@ def session_end_params(rows: list[dict[str, Any]]) -> list[tuple]:
         params.append((
             r["status"], now, r.get("last_activity_at"), r.get("ready_at"),
             totals.calls if totals else None, totals is not None, totals.total_reward if totals else None,
-            totals.finished if totals else None, r["pk"],
+            totals.finished if totals else None,
+            None if r.get("prompt") is None else json(r["prompt"]), r["pk"],
         ))
     return params
 
@@ -164,8 +181,10 @@ def session_record_prompt(*, pk: int, blocks: list[dict[str, Any]]) -> None:
 
 
 def sessions_record_prompt(*, rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        session_record_prompt(pk=row["pk"], blocks=row["blocks"])
+    """session_record_prompt for many sessions in one executemany (the ORM's update per row cost
+    more than the episode's other writes together)."""
+    with connection.cursor() as cursor:
+        cursor.executemany(PROMPT_SQL, [(_json_param(r["blocks"]), r["pk"]) for r in rows])
 
 
 # --- reaping (the celery executor's beat tasks) ---------------------------------------------------

@@ -141,37 +141,51 @@ class EpisodeGateway:
         runner = runner or await self._place(caller)
         holds_slot = slot_taken if slot_taken is not None else await self.limits.acquire_session(
             caller.team_id, sid, caller.max_open_sessions)
+        owner = {"pk": None, "team": caller.team_id, "version": env.version_id,
+                 "env": f"{env.full_name}@{env.version_number}", "slot": holds_slot}
+        spec = SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,
+                           task_spec=task_spec, secrets=secrets, owner=owner)
+        # An executor of this process needs nothing of the row: setup starts now and runs while
+        # the row is written (the episode's first answer waits for the longer of the two, not
+        # both). A shared one keeps the row's id with the session, so it starts after the write.
+        early = not self.executor.shared
+        if early:
+            await self._start(caller, sid, spec, runner, None)
         try:
             pk = await self.store.session_create(
                 sid=sid, caller=caller, env=env, task_spec=task_spec, split=split or "", index=index,
                 runner=runner, protocol=protocol,
             )
         except BaseException as exc:
+            if early:
+                await self.executor.stop(sid)
             await self.limits.release_session(caller.team_id, sid)
             if isinstance(exc, IntegrityError):
                 raise GatewayError(400, "Session already exists") from None
             raise
+        owner["pk"] = pk
         live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, secrets=secret_values(secrets),
                            runner=runner, adopted_at=time.monotonic() if self.executor.shared else None,
                            holds_slot=holds_slot, protocol=protocol)
         self.sessions[sid] = live
+        if not early:
+            await self._start(caller, sid, spec, runner, pk)
+        self.pending.pop(sid, None)
+        self.spawn(self._record_setup(live))
+        return live
+
+    async def _start(self, caller: Caller, sid: str, spec: SessionSpec, runner: str, pk: int | None) -> None:
         try:
-            await self.executor.start(SessionSpec(
-                sid=sid, package_path=env.package_path, entrypoint=env.entrypoint, task_spec=task_spec,
-                secrets=secrets, owner={"pk": pk, "team": caller.team_id, "version": env.version_id,
-                                        "env": f"{env.full_name}@{env.version_number}",
-                                        "slot": holds_slot}), runner)
+            await self.executor.start(spec, runner)
         except Exception as exc:
             # The runner could not be reached: undo, so a retry of this create with the same id works.
             log.warning("could not start session %s on %s: %s", sid, runner, exc)
             self.sessions.pop(sid, None)
             await self.limits.release_session(caller.team_id, sid)
-            await self.store.session_discard(pk)
+            if pk is not None:
+                await self.store.session_discard(pk)
             raise GatewayError(503, "No runner could take the session; retry shortly.",
                                {"Retry-After": "2"}) from None
-        self.pending.pop(sid, None)
-        self.spawn(self._record_setup(live))
-        return live
 
     async def defer_episode(self, caller: Caller, *, sid: str, task_spec: Any = None, split: str | None = None,
                             index: int | None = None, secrets: dict[str, str] | None = None,
@@ -345,8 +359,11 @@ class EpisodeGateway:
             # For the session explorer and exports; off the request's path (the answer does not wait).
             live.prompt_recorded = True
             audit = self.executor.prompt_audit(live.sid)
-            self.spawn(self._record_prompt(live.pk, storable(audit if audit is not None
-                                                              else redact(blocks, live.secrets))))
+            audit = storable(audit if audit is not None else redact(blocks, live.secrets))
+            if self.executor.shared:  # other gateways may end the session: written now
+                self.spawn(self._record_prompt(live.pk, audit))
+            else:  # written with the session's end (or the activity flush): no statement of its own
+                live.prompt_unwritten = audit
         return blocks
 
     async def _record_prompt(self, pk: int, blocks: list[dict]) -> None:
@@ -393,7 +410,8 @@ class EpisodeGateway:
         try:
             # The row first: while the database is down the request fails (503) and the session is
             # left as it was (instance included), so the client's retried delete finds it intact.
-            await self.store.session_end(live.pk, status, live.last_activity_at(), totals, live.ready_at)
+            await self.store.session_end(live.pk, status, live.last_activity_at(), totals, live.ready_at,
+                                         live.prompt_unwritten)
         except BaseException:
             live.deleted = False
             raise
@@ -501,9 +519,14 @@ class EpisodeGateway:
     async def flush_activity(self) -> None:
         changed = [live for live in self.sessions.values()
                    if live.last_activity != live.flushed_activity or (live.ready_at and not live.ready_flushed)]
+        prompts = {live.pk: live.prompt_unwritten for live in self.sessions.values()
+                   if live.prompt_unwritten is not None}
         # Readiness only until it is written once (it never changes again).
         await self.store.flush_activity({live.pk: (live.last_activity_at(), None if live.ready_flushed else live.ready_at)
-                                         for live in changed})
+                                         for live in changed}, prompts)
+        for live in self.sessions.values():
+            if live.pk in prompts:
+                live.prompt_unwritten = None
         await self.limits.renew([(live.team_id, live.sid) for live in self.sessions.values()
                                  if live.team_id is not None]
                                 + [(d.team_id, sid) for sid, d in self.deferred.items()

@@ -45,6 +45,8 @@ class LiveSession:
     last_activity: float = field(default_factory=time.monotonic)
     flushed_activity: float = 0.0
     prompt_recorded: bool = False
+    # The first prompt's audit copy, until written (with the activity flush or the session's end).
+    prompt_unwritten: list[dict] | None = None
     # Whether /create took one of the team's open-session slots (teams without a limit take none).
     holds_slot: bool = True
     # Set in memory when setup() finishes; written with the coalesced activity flush and at the end.

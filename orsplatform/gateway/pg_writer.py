@@ -112,6 +112,17 @@ class PgWriter:
             raise StoreUnavailable(str(exc)) from exc
         return None if row is None else row[0]
 
+    async def fetch_rows(self, sql: str, params: tuple) -> list[tuple]:
+        """Every row, read on the event loop (as fetch_value)."""
+        try:
+            conn = await self._connection()
+            async with conn.cursor() as cursor:
+                await cursor.execute(sql, params)
+                return list(await cursor.fetchall())
+        except psycopg.Error as exc:
+            await self.close()
+            raise StoreUnavailable(str(exc)) from exc
+
     async def close(self) -> None:
         if self._conn is not None:
             try:

@@ -77,7 +77,7 @@ def _run_grouped(ops: list[tuple[Op, dict]]) -> list[tuple[bool, Any]]:
         else:
             results[i] = (True, op(**kwargs))
     for write, indexes in groups.items():
-        value = write.many(rows=[ops[i][1] for i in indexes])
+        value = write.run(rows=[ops[i][1] for i in indexes])
         for n, i in enumerate(indexes):
             results[i] = (True, value[n] if write.per_row else None)
     return results  # type: ignore[return-value]
@@ -185,6 +185,7 @@ class WriteBatcher:
 
 
 _MISSING = object()
+TASK_BLOCK = 256
 
 
 class _TtlCache:
@@ -208,6 +209,7 @@ class Store:
         self._threads = threads
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ors-db")
         self._envs = _TtlCache()
+        self._resolving: dict[tuple, asyncio.Future] = {}
         self._versions: dict[int, EnvHandle] = {}
         # Task specs by (split, revision, index): a re-ingest bumps the revision.
         self._tasks: dict[tuple[int, int, int], Any] = {}
@@ -232,10 +234,19 @@ class Store:
         key = (caller.team_id, ref)
         handle = self._envs.get(key)
         if handle is None:
-            handle = await self._run(catalog.environment_resolve, caller=caller, ref=ref)
-            # Misses are cached too, so a stream of requests for an unknown name stays off the DB.
-            self._envs.put(key, handle if handle is not None else _MISSING)
+            # Requests that miss together share one lookup (an expiry at concurrency 16 sent 16).
+            lookup = self._resolving.get(key)
+            if lookup is None:
+                lookup = self._resolving[key] = asyncio.ensure_future(self._resolve(caller, ref))
+                lookup.add_done_callback(lambda _: self._resolving.pop(key, None))
+            handle = await asyncio.shield(lookup)
         return None if handle is _MISSING else handle
+
+    async def _resolve(self, caller: Caller, ref: str) -> Any:
+        handle = await self._run(catalog.environment_resolve, caller=caller, ref=ref)
+        # Misses are cached too, so a stream of requests for an unknown name stays off the DB.
+        self._envs.put((caller.team_id, ref), handle if handle is not None else _MISSING)
+        return handle if handle is not None else _MISSING
 
     async def environment_by_id(self, caller: Caller, environment_id: int) -> EnvHandle | None:
         key = (caller.team_id, environment_id)
@@ -262,14 +273,22 @@ class Store:
         key = (split.id, split.revision, index)
         spec = self._tasks.get(key)
         if spec is None:
+            # A block of neighbours with it: trainers walk a split in order, so a miss per
+            # TASK_BLOCK tasks instead of a database round trip per episode (one read costs about
+            # as much as reading the block).
+            start = index - index % TASK_BLOCK
             if self._pg_reader is not None:  # on the loop: no DB thread holding the GIL
-                spec = await self._pg_reader.fetch_value(catalog.TASK_SPEC_SQL, (split.id, index))
+                rows = await self._pg_reader.fetch_rows(catalog.TASK_SPEC_BLOCK_SQL,
+                                                        (split.id, start, start + TASK_BLOCK))
             else:
-                spec = await self._run(catalog.task_spec_get, split_id=split.id, index=index)
-            if spec is not None:
-                if len(self._tasks) >= 100_000:
-                    self._tasks.clear()
-                self._tasks[key] = spec
+                rows = await self._run(catalog.task_spec_block, split_id=split.id, start=start,
+                                       stop=start + TASK_BLOCK)
+            if len(self._tasks) + len(rows) > 100_000:
+                self._tasks.clear()
+            for i, value in rows:
+                if value is not None:
+                    self._tasks[(split.id, split.revision, i)] = value
+            spec = self._tasks.get(key)
         return spec
 
     async def task_specs(self, split_id: int, start: int, stop: int) -> list:
@@ -295,9 +314,10 @@ class Store:
         await self.writes.submit(episode_services.session_mark_failed, pk=pk, error=error)
 
     async def session_end(self, pk: int, status: str, last_activity_at: datetime | None = None,
-                          totals: SessionTotals | None = None, ready_at: datetime | None = None) -> None:
-        await self.writes.submit(SESSION_END, pk=pk, status=status,
-                                 last_activity_at=last_activity_at, totals=totals, ready_at=ready_at)
+                          totals: SessionTotals | None = None, ready_at: datetime | None = None,
+                          prompt: list[dict] | None = None) -> None:
+        await self.writes.submit(SESSION_END, pk=pk, status=status, last_activity_at=last_activity_at,
+                                 totals=totals, ready_at=ready_at, prompt=prompt)
 
     async def tool_call_record(self, **kwargs: Any) -> None:
         await self.writes.submit(TOOL_CALL_RECORD, **kwargs)
@@ -305,9 +325,13 @@ class Store:
     async def tool_call_result(self, session_pk: int, task_id: str) -> tuple[str, dict | None, str] | None:
         return await self._run(episodes.tool_call_result_get, session_pk=session_pk, task_id=task_id)
 
-    async def flush_activity(self, activity: dict[int, tuple[datetime, datetime | None]]) -> None:
+    async def flush_activity(self, activity: dict[int, tuple[datetime, datetime | None]],
+                             prompts: dict[int, list[dict]] | None = None) -> None:
         if activity:
             await self.writes.submit(episode_services.sessions_touch, activity=activity)
+        if prompts:
+            await self.writes.submit(episode_services.sessions_record_prompt,
+                                     rows=[{"pk": pk, "blocks": blocks} for pk, blocks in prompts.items()])
         last_used = key_cache.drain_last_used()
         if last_used:
             await self.writes.submit(api_keys_touch, last_used=last_used)

@@ -14,7 +14,9 @@ import logging
 from typing import Any, Protocol
 
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 
 from orsplatform.openenv.episodes import OpenEnvSession, Uninterruptible
 from orsplatform.openenv.wire import CLOSE_POLICY, OpenEnvError, dumps, error_frame
@@ -45,6 +47,21 @@ class OpenEnvConsumer(AsyncWebsocketConsumer):
         self.queue: asyncio.Queue[str | bytes] = asyncio.Queue()
         self.worker: asyncio.Task | None = None
         self.guard = Uninterruptible()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if get_channel_layer(self.channel_layer_alias) is not None:
+            await super().__call__(scope, receive, send)
+            return
+        # Without a channel layer there is one source of events, the socket: awaited directly
+        # instead of through Channels' await_many_dispatch (a task and an asyncio.wait per frame).
+        self.scope = scope
+        self.channel_layer = None
+        self.base_send = send
+        try:
+            while True:
+                await self.dispatch(await receive())
+        except StopConsumer:
+            pass
 
     async def dispatch(self, message: dict) -> None:
         # Channels closes the thread's old Django connections before every event (a hop to a

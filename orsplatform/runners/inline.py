@@ -39,6 +39,9 @@ class _Live:
     error: str | None = None
     finished: bool = False  # a tool returned finished=True; later calls are refused
     setup_task: asyncio.Task | None = None
+    # What the worker answered with setup (prompt, task tools): served until the first call, after
+    # which the instance may have changed and the worker is asked again.
+    first: dict | None = None
 
 
 def tool_error(message: str, reason: str) -> dict:
@@ -89,8 +92,9 @@ class InlineExecutor(Executor):
         try:
             live.worker = await self.pool.acquire(sid=spec.sid, package_dir=spec.package_path,
                                                   team=spec.owner.get("team"), label=label)
-            await live.worker.request("setup", sid=spec.sid, entrypoint=spec.entrypoint,
-                                      task_spec=spec.task_spec, secrets=dict(spec.secrets))
+            first = await live.worker.request("setup", sid=spec.sid, entrypoint=spec.entrypoint,
+                                              task_spec=spec.task_spec, secrets=dict(spec.secrets), first=True)
+            live.first = first if isinstance(first, dict) else None
         except asyncio.CancelledError:
             live.error = "Session deleted during setup."
             raise
@@ -127,7 +131,9 @@ class InlineExecutor(Executor):
         return live, live.worker
 
     async def _ask(self, sid: str, op: str) -> list:
-        _, worker = self._worker(sid)
+        live, worker = self._worker(sid)
+        if live.first is not None and op in live.first:
+            return live.first[op]
         try:
             return await worker.request(op, sid=sid)
         except WorkerGone as exc:
@@ -146,6 +152,7 @@ class InlineExecutor(Executor):
     async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
                    note: dict | None = None) -> CallOutcome:
         live, worker = self._worker(sid)
+        live.first = None
         async with live.lock:
             if live.finished:
                 return CallOutcome(result=tool_error("The episode has already finished.", "episode_finished"))
@@ -172,6 +179,10 @@ class InlineExecutor(Executor):
         live = self._live.pop(sid, None)
         if live is None:
             return
+        if live.worker is not None:
+            # Its place in the worker is free now: counted until the teardown's reply, it made
+            # a pair with a steady number of sessions look over its cap and start workers.
+            self.pool.release(live.worker, sid)
         task = asyncio.create_task(self._teardown(sid, live))
         self._teardowns.add(task)
         task.add_done_callback(self._teardowns.discard)
@@ -188,7 +199,8 @@ class InlineExecutor(Executor):
             return
         try:
             if worker.alive and live.error is None:
-                await worker.request("stop", timeout=TEARDOWN_SECONDS, sid=sid)
+                # Lazy: nobody waits for it, so it rides along with the next request's write.
+                await worker.request("stop", timeout=TEARDOWN_SECONDS, lazy=True, sid=sid)
         except (WorkerGone, WorkerError, CallTimedOut) as exc:
             log.warning("teardown failed for session %s: %s", sid, type(exc).__name__)
         finally:

@@ -10,6 +10,7 @@ request without a key, or with a key lacking a scope, may go on.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
 import time
@@ -196,9 +197,22 @@ def identify(token: str) -> Caller:
     return _cached(token) or _remember(token, verify_token(token))
 
 
+# Lookups in flight, by token: when a key's cache entry expires, every request of that key that
+# arrives before the lookup returns waits for that one lookup (at concurrency 16 each expiry sent
+# 16 identical queries to the one SQLite thread, behind the episode writes).
+_lookups: dict[str, asyncio.Future] = {}
+
+
 async def identify_async(token: str, run: Callable[..., Awaitable]) -> Caller:
     """identify() for an event loop: a cache miss is looked up through `run(fn, token)` (a DB thread)."""
-    return _cached(token) or _remember(token, await run(verify_token, token))
+    caller = _cached(token)
+    if caller is not None:
+        return caller
+    lookup = _lookups.get(token)
+    if lookup is None or lookup.get_loop() is not asyncio.get_running_loop():
+        lookup = _lookups[token] = asyncio.ensure_future(run(verify_token, token))
+        lookup.add_done_callback(lambda done: _lookups.pop(token, None) if _lookups.get(token) is done else None)
+    return _remember(token, await asyncio.shield(lookup))
 
 
 def authorize(token: str | None, access: Access) -> Caller:

@@ -45,6 +45,12 @@ SANDBOX_PACKAGE = "/ors/env"
 PIDS_CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
 JANITOR_SECONDS = 0.5
 RUNTIME_SUFFIX = ".pyenv"
+LAZY_SECONDS = 0.05
+READ_CHUNK = 256 * 1024
+
+
+class _Stop(Exception):
+    """Ends the reader loop."""
 
 
 class WorkerGone(Exception):
@@ -232,6 +238,12 @@ class Worker:
         self._reader: asyncio.Task | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
         self._cgroup: _PidsCgroup | None = None
+        # Frames not yet written: every frame of one event-loop pass goes out in one write (one
+        # wake-up of the worker instead of one per frame); lazy ones (teardowns) wait for the
+        # next urgent frame or LAZY_SECONDS.
+        self._out: list[bytes] = []
+        self._flush_soon: asyncio.Handle | None = None
+        self._flush_later: asyncio.TimerHandle | None = None
         # Told (sessions, reason) when the worker ends with sessions in it (runner nodes record it).
         self.on_death: Callable[[list[str], str], None] | None = None
 
@@ -271,23 +283,25 @@ class Worker:
     async def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         stdout = self.proc.stdout
+        buffer = bytearray()
         try:
-            while True:
-                (size,) = HEADER.unpack(await stdout.readexactly(HEADER.size))
-                if size > MAX_FRAME:
-                    self.kill("it sent a message larger than the protocol allows")
-                    break
-                message = orjson.loads(await stdout.readexactly(size))
-                request_id = message.get("id") if isinstance(message, dict) else None
-                if request_id == 0:
-                    if self._ready is not None and not self._ready.done():
-                        self._ready.set_result(None)
-                    continue
-                self._overdue.pop(request_id, None)
-                future = self._pending.pop(request_id, None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-        except (asyncio.IncompleteReadError, ConnectionError):
+            # Whatever the pipe holds, then every whole frame in it: a batch of replies costs one
+            # read, not two awaits per frame.
+            while chunk := await stdout.read(READ_CHUNK):
+                buffer += chunk
+                offset, end = 0, len(buffer)
+                while end - offset >= HEADER.size:
+                    (size,) = HEADER.unpack_from(buffer, offset)
+                    if size > MAX_FRAME:
+                        self.kill("it sent a message larger than the protocol allows")
+                        raise _Stop
+                    if end - offset - HEADER.size < size:
+                        break
+                    start = offset + HEADER.size
+                    self._answer(orjson.loads(memoryview(buffer)[start:start + size]))
+                    offset = start + size
+                del buffer[:offset]
+        except (_Stop, ConnectionError):
             pass
         except Exception as exc:  # garbage on the pipe: the worker (tenant code) broke the protocol
             self.kill(f"it broke the supervisor protocol ({type(exc).__name__})")
@@ -297,6 +311,43 @@ class Worker:
             self.kill("it closed its channel to the platform")
             returncode = await self.proc.wait()
         self._died(returncode)
+
+    def _answer(self, message: Any) -> None:
+        request_id = message.get("id") if isinstance(message, dict) else None
+        if request_id == 0:
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(None)
+            return
+        self._overdue.pop(request_id, None)
+        future = self._pending.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(message)
+
+    def _write(self, frame: bytes, lazy: bool) -> None:
+        self._out.append(frame)
+        if self._flush_soon is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if not lazy:
+            self._flush_soon = loop.call_soon(self._flush)
+        elif self._flush_later is None:
+            self._flush_later = loop.call_later(LAZY_SECONDS, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = None
+        if self._flush_later is not None:
+            self._flush_later.cancel()
+            self._flush_later = None
+        if not self._out:
+            return
+        data, self._out = b"".join(self._out), []
+        try:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(data)
+        except (ConnectionError, RuntimeError, AssertionError):
+            # The pipe is gone: the worker ended (its reader reports how, and fails every pending
+            # request) or closed its end, which leaves nothing to talk to.
+            self.kill()
 
     def _died(self, returncode: int | None) -> None:
         if self.kill_reason:
@@ -338,7 +389,9 @@ class Worker:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
 
-    async def request(self, op: str, timeout: float | None = None, **fields: Any) -> Any:
+    async def request(self, op: str, timeout: float | None = None, lazy: bool = False, **fields: Any) -> Any:
+        """Send op and await its reply. A lazy request (one nobody waits for, such as a teardown)
+        may wait up to LAZY_SECONDS to share its write with the next one."""
         if self.dead is not None:
             raise WorkerGone(self.dead)
         assert self.proc is not None and self.proc.stdin is not None
@@ -346,11 +399,10 @@ class Worker:
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         body = orjson.dumps({"id": request_id, "op": op, **fields})
-        try:
-            self.proc.stdin.write(HEADER.pack(len(body)) + body)
-        except (ConnectionError, RuntimeError):
+        if self.proc.stdin.is_closing():
             self._pending.pop(request_id, None)
-            raise WorkerGone(self.dead or f"The environment {self.label} stopped.") from None
+            raise WorkerGone(self.dead or f"The environment {self.label} stopped.")
+        self._write(HEADER.pack(len(body)) + body, lazy)
         try:
             if timeout is None:
                 reply = await future
@@ -396,6 +448,7 @@ class SandboxPool:
         self.on_lost = on_lost
         self._workers: dict[tuple, list[Worker]] = {}
         self._locks: dict[tuple, asyncio.Lock] = {}
+        self._spawning: dict[tuple, asyncio.Task] = {}  # a pair's next worker, while it starts
         self._janitor: asyncio.Task | None = None
         self._limits: dict[str, Limits] = {}
 
@@ -417,22 +470,42 @@ class SandboxPool:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             workers = [w for w in self._workers.get(key, []) if w.alive]
-            roomy = [w for w in workers if len(w.sessions) < self.config.sessions_per_worker]
+            cap = self.config.sessions_per_worker
+            roomy = [w for w in workers if len(w.sessions) < cap]
+            spawning = self._spawning.get(key)
             if roomy:
                 worker = min(roomy, key=lambda w: len(w.sessions))
-            elif len(workers) < self.config.max_workers_per_key:
-                worker = Worker(key, label, self.config)
-                worker.on_death = self.on_lost
-                await worker.spawn(package_dir, limits)
-                # Looked up again: the janitor drops a pair's empty list while a worker starts.
-                self._workers.setdefault(key, []).append(worker)
-                log.info("sandbox worker %s started for %s (%d of this pair)",
-                         worker.proc.pid if worker.proc else "?", label, len(workers) + 1)
+            elif spawning is None and len(workers) < self.config.max_workers_per_key:
+                # Over the cap: the next worker starts in the background while sessions overflow
+                # onto the running ones by up to a quarter of the cap (a start takes a second or
+                # two, which every new session of the pair would otherwise wait for); only a pair
+                # with no worker, or past the overflow, waits for the start.
+                spawning = self._spawning[key] = asyncio.create_task(
+                    self._start_worker(key, package_dir, limits, label, len(workers) + 1))
+                spawning.add_done_callback(_consume)  # a failed start is reported to whoever awaits it
+                overflow = [w for w in workers if len(w.sessions) < cap + cap // 4]
+                worker = min(overflow, key=lambda w: len(w.sessions)) if overflow else await asyncio.shield(spawning)
+            elif spawning is not None:
+                overflow = [w for w in workers if len(w.sessions) < cap + cap // 4]
+                worker = min(overflow, key=lambda w: len(w.sessions)) if overflow else await asyncio.shield(spawning)
             else:  # at the cap: share the least loaded one
                 worker = min(workers, key=lambda w: len(w.sessions))
             worker.sessions.add(sid)
             worker.idle_since = None
             return worker
+
+    async def _start_worker(self, key: tuple, package_dir: str, limits: Limits, label: str, nth: int) -> Worker:
+        try:
+            worker = Worker(key, label, self.config)
+            worker.on_death = self.on_lost
+            await worker.spawn(package_dir, limits)
+            # Looked up again: the janitor drops a pair's empty list while a worker starts.
+            self._workers.setdefault(key, []).append(worker)
+            log.info("sandbox worker %s started for %s (%d of this pair)",
+                     worker.proc.pid if worker.proc else "?", label, nth)
+            return worker
+        finally:
+            self._spawning.pop(key, None)
 
     def release(self, worker: Worker, sid: str) -> None:
         worker.sessions.discard(sid)
@@ -465,9 +538,12 @@ class SandboxPool:
     async def close(self) -> None:
         if self._janitor is not None:
             self._janitor.cancel()
+        if self._spawning:  # registered once started, so closed with the others below
+            await asyncio.wait(list(self._spawning.values()), timeout=self.config.start_seconds)
         for worker in self.workers():
             if worker.proc is not None and worker.proc.stdin is not None:
                 with contextlib.suppress(Exception):
+                    worker._flush()  # teardowns still waiting for company
                     worker.proc.stdin.close()  # the worker ends when its pipe closes
         deadline = time.monotonic() + 2.0
         for worker in self.workers():

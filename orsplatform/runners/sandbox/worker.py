@@ -23,6 +23,7 @@ this worker (the supervisor kills it once a call outlives its timeout by the gra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import importlib.abc
@@ -42,6 +43,8 @@ import orjson
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
+READ_CHUNK = 256 * 1024
+LAZY_SECONDS = 0.05
 REDACTED = "[redacted]"
 MIN_SECRET_LENGTH = 4  # as orsplatform.runners.redact: shorter values would redact ordinary text
 
@@ -249,34 +252,77 @@ class Host:
 
     # --- operations ------------------------------------------------------------------------
 
-    async def op_setup(self, msg: dict) -> None:
+    async def op_setup(self, msg: dict) -> dict | None:
+        """Build the instance and run setup(). With ``"first": true`` the reply also carries what
+        every episode asks next, the prompt and the task tools ({"prompt", "task_tools"}, each
+        left out when the environment's method raised: asked for again, it raises where the
+        client sees it), so an episode crosses the boundary once less; without it (older
+        supervisors) the reply is null as before."""
         secrets = msg.get("secrets") or {}
         values = secret_values(secrets)
+        first = bool(msg.get("first"))
         try:
-            instance, pending = await self.run(self._build, msg["entrypoint"], msg.get("task_spec"), secrets)
+            instance, pending, extra = await self.run(self._build, msg["entrypoint"], msg.get("task_spec"),
+                                                      secrets, first)
             if pending is not None:
                 await pending
         except BaseException as exc:  # environment code may raise anything
             raise SetupError(redact(f"{type(exc).__name__}: {exc}", values)) from None
         dispatch = self._dispatch if isinstance(instance, self.Environment) else self._dispatch_openreward
         self.live[msg["sid"]] = _Live(instance, values, dispatch)
+        if not first:
+            return None
+        if extra is None:  # setup was a coroutine: the rest after it, as separate requests would
+            extra = {}
+            with contextlib.suppress(Exception):
+                extra["prompt"] = await self.op_prompt(msg)
+            with contextlib.suppress(Exception):
+                extra["task_tools"] = await self.op_task_tools(msg)
+        return extra
 
-    def _build(self, entrypoint: str, task_spec: Any, secrets: dict) -> tuple[Any, Any]:
+    def _build(self, entrypoint: str, task_spec: Any, secrets: dict, first: bool = False) -> tuple[Any, Any, Any]:
         cls = self.load(entrypoint)
         instance = cls(task_spec=task_spec, secrets=dict(secrets))
         if not self._overrides(instance, "setup"):
-            return instance, None
+            return instance, None, self._first(instance) if first else None
         if inspect.iscoroutinefunction(inspect.unwrap(instance.setup)):
-            return instance, instance.setup()  # a coroutine, awaited on the loop
+            return instance, instance.setup(), None  # a coroutine, awaited on the loop
         result = instance.setup()
-        return instance, result if inspect.isawaitable(result) else None
+        if inspect.isawaitable(result):
+            return instance, result, None
+        return instance, None, self._first(instance) if first else None
 
-    async def op_prompt(self, msg: dict) -> list:
+    def _first(self, instance: Any) -> dict:
+        """The prompt and task tools of a fresh instance, in the thread that built it (one hop
+        for the three), when their methods are plain functions."""
+        extra: dict[str, Any] = {}
+        if not inspect.iscoroutinefunction(inspect.unwrap(instance.get_prompt)):
+            with contextlib.suppress(BaseException):  # SystemExit too: it raises again when asked again
+                blocks = instance.get_prompt()
+                if not inspect.isawaitable(blocks):
+                    extra["prompt"] = self._blocks(blocks)
+                elif inspect.iscoroutine(blocks):
+                    blocks.close()
+        if not self._overrides(instance, "list_task_tools"):
+            extra["task_tools"] = []
+        elif not inspect.iscoroutinefunction(inspect.unwrap(instance.list_task_tools)):
+            with contextlib.suppress(BaseException):  # SystemExit too: it raises again when asked again
+                tools = instance.list_task_tools()
+                if not inspect.isawaitable(tools):
+                    extra["task_tools"] = [t.model_dump(mode="json") for t in tools.tools]
+                elif inspect.iscoroutine(tools):
+                    tools.close()
+        return extra
+
+    @staticmethod
+    def _blocks(blocks: Any) -> list:
         from pydantic import BaseModel
 
-        live = self._instance(msg["sid"])
-        blocks = await self.run(live.instance.get_prompt)
         return [b.model_dump(mode="json") if isinstance(b, BaseModel) else b for b in blocks]
+
+    async def op_prompt(self, msg: dict) -> list:
+        live = self._instance(msg["sid"])
+        return self._blocks(await self.run(live.instance.get_prompt))
 
     async def op_task_tools(self, msg: dict) -> list:
         live = self._instance(msg["sid"])
@@ -358,28 +404,66 @@ class SetupError(Exception):
 
 
 class Channel:
-    """The framed pipe to the supervisor."""
+    """The framed pipe to the supervisor. Replies of one event-loop pass go out in one write (one
+    wake-up of the supervisor, not one per reply); lazy ones (teardowns) wait for company up to
+    LAZY_SECONDS."""
 
     def __init__(self, reader: asyncio.StreamReader, transport: asyncio.WriteTransport) -> None:
         self.reader = reader
         self.transport = transport
+        self._buffer = bytearray()
+        self._out: list[bytes] = []
+        self._soon: asyncio.Handle | None = None
+        self._later: asyncio.TimerHandle | None = None
 
-    async def read(self) -> dict | None:
+    async def read(self) -> list[dict] | None:
+        """Every whole frame the pipe holds (at least one); None when it closed or spoke garbage."""
+        buffer = self._buffer
         try:
-            (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
-            if size > MAX_FRAME:
-                return None
-            return orjson.loads(await self.reader.readexactly(size))
-        except asyncio.IncompleteReadError:
+            while True:
+                messages, offset, end = [], 0, len(buffer)
+                while end - offset >= HEADER.size:
+                    (size,) = HEADER.unpack_from(buffer, offset)
+                    if size > MAX_FRAME:
+                        return None
+                    if end - offset - HEADER.size < size:
+                        break
+                    start = offset + HEADER.size
+                    messages.append(orjson.loads(memoryview(buffer)[start:start + size]))
+                    offset = start + size
+                del buffer[:offset]
+                if messages:
+                    return messages
+                chunk = await self.reader.read(READ_CHUNK)
+                if not chunk:
+                    return None
+                buffer += chunk
+        except orjson.JSONDecodeError:
             return None
 
-    def send(self, message: dict) -> None:
+    def send(self, message: dict, lazy: bool = False) -> None:
         try:
             body = orjson.dumps(message)
         except (TypeError, orjson.JSONEncodeError) as exc:  # the environment's value
             body = orjson.dumps({"id": message.get("id"), "ok": False,
                                  "error": f"The environment's answer is not valid JSON: {exc}"})
-        self.transport.write(HEADER.pack(len(body)) + body)
+        self._out.append(HEADER.pack(len(body)) + body)
+        if self._soon is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if not lazy:
+            self._soon = loop.call_soon(self.flush)
+        elif self._later is None:
+            self._later = loop.call_later(LAZY_SECONDS, self.flush)
+
+    def flush(self) -> None:
+        self._soon = None
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
+        if self._out:
+            data, self._out = b"".join(self._out), []
+            self.transport.write(data)
 
 
 async def serve(host: Host, channel: Channel) -> None:
@@ -400,15 +484,17 @@ async def serve(host: Host, channel: Channel) -> None:
             live = host.live.get(msg.get("sid", ""))
             reply.update(ok=False, kind="error", error=redact(f"{type(exc).__name__}: {exc}",
                                                               live.secrets if live else ()))
-        channel.send(reply)
+        channel.send(reply, lazy=msg.get("op") == "stop")
 
     while True:
-        msg = await channel.read()
-        if msg is None:
+        messages = await channel.read()
+        if messages is None:
+            channel.flush()
             return  # the supervisor closed the pipe (or spoke garbage): the worker ends
-        task = asyncio.create_task(handle(msg))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        for msg in messages:
+            task = asyncio.create_task(handle(msg))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
 
 async def main_async(package_dir: str, threads: int, fd_in: int, fd_out: int) -> None:
@@ -420,6 +506,7 @@ async def main_async(package_dir: str, threads: int, fd_in: int, fd_out: int) ->
     loop.set_default_executor(host.pool)  # asyncio.to_thread (the openreward SDK's sync tools) shares the pool
     channel = Channel(reader, transport)
     channel.send({"id": 0, "ok": True, "value": {"pid": os.getpid()}})  # ready
+    channel.flush()
     await serve(host, channel)
 
 
