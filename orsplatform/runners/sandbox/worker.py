@@ -276,8 +276,8 @@ class Host:
             extra = {}
             with contextlib.suppress(Exception):
                 extra["prompt"] = await self.op_prompt(msg)
-            with contextlib.suppress(Exception):
-                extra["task_tools"] = await self.op_task_tools(msg)
+            if not self._overrides(instance, "list_task_tools"):
+                extra["task_tools"] = []
         return extra
 
     def _build(self, entrypoint: str, task_spec: Any, secrets: dict, first: bool = False) -> tuple[Any, Any, Any]:
@@ -303,15 +303,10 @@ class Host:
                     extra["prompt"] = self._blocks(blocks)
                 elif inspect.iscoroutine(blocks):
                     blocks.close()
+        # Task tools only when the class has none of its own: a list_task_tools() of its own may
+        # be slow, and readiness must not wait for it (it is asked for when a client asks).
         if not self._overrides(instance, "list_task_tools"):
             extra["task_tools"] = []
-        elif not inspect.iscoroutinefunction(inspect.unwrap(instance.list_task_tools)):
-            with contextlib.suppress(BaseException):  # SystemExit too: it raises again when asked again
-                tools = instance.list_task_tools()
-                if not inspect.isawaitable(tools):
-                    extra["task_tools"] = [t.model_dump(mode="json") for t in tools.tools]
-                elif inspect.iscoroutine(tools):
-                    tools.close()
         return extra
 
     @staticmethod
