@@ -421,8 +421,8 @@ def version_build(*, version_id: int) -> EnvironmentVersion:
             report = _inspect_copy(stored, version.manifest, task_files, work, runtime=str(built.path))
             pyenvs.record_runtime(version.package_path, built.path)
             with transaction.atomic():
-                environment = Environment.objects.select_for_update().select_related("current_version").get(
-                    id=version.environment_id)
+                # No select_related: PostgreSQL cannot lock the nullable side of an outer join.
+                environment = Environment.objects.select_for_update().get(id=version.environment_id)
                 version.pyenv = built.path.name
                 _version_fill(environment=environment, version=version, report=report, work=work,
                               task_files=task_files, manifest=version.manifest,
