@@ -3,7 +3,6 @@ limits, inline executor); environment variables switch on production pieces."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -164,10 +163,6 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# Redis broker: an unacknowledged (acks_late) message goes back to its queue after `visibility_timeout`
-# seconds. JSON in CELERY_BROKER_TRANSPORT_OPTIONS overrides (e.g. a short timeout, a key prefix).
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600,
-                                   **json.loads(os.environ.get("CELERY_BROKER_TRANSPORT_OPTIONS") or "{}")}
 CELERY_BEAT_SCHEDULE: dict = {
     # The celery executor's housekeeping (no-ops with the inline executor: no runner sessions).
     "reap-idle-sessions": {"task": "runners.reap_idle_sessions",
@@ -299,10 +294,6 @@ ORS_EVAL_MAX_EPISODES = env_int("ORS_EVAL_MAX_EPISODES", 100_000)
 # A driving worker renews its lease on the run this often; a lease not renewed for
 # ORS_EVAL_LEASE_SECONDS belongs to a dead worker, and the run may be taken over (resume).
 ORS_EVAL_LEASE_SECONDS = env_float("ORS_EVAL_LEASE_SECONDS", 30.0)
-# A worker drives a run this long per task message, then hands it on to a continuation message (with
-# the run's sealed secrets): keep it well below the broker's visibility timeout (Redis) or consumer
-# timeout (RabbitMQ), after which an unacknowledged message is given to another worker.
-ORS_EVAL_SLICE_SECONDS = env_float("ORS_EVAL_SLICE_SECONDS", 300.0)
 
 # Behind TLS in production: cookies only over HTTPS, HSTS, and the proxy's scheme header trusted.
 if env_bool("ORS_SECURE_COOKIES", False):

@@ -12,7 +12,6 @@ import asyncio
 import ipaddress
 import json
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -190,11 +189,8 @@ class AapClient:
         self.stream = stream
         self.turn_timeout = turn_timeout
 
-    async def create(self, body: dict, opened: Callable[[str], None]) -> Turn:
-        """PUT /session. `opened` is told the new session's id as soon as it is known (the SSE
-        `session_start`, before the turn ends; the JSON body's `sessionId`, before the rest is
-        checked), so the caller can delete the session whatever happens to the turn afterwards."""
-        turn = await self._turn("PUT", "/session", body, opened)
+    async def create(self, body: dict) -> Turn:
+        turn = await self._turn("PUT", "/session", body)
         if not turn.session_id:
             raise AapError("Malformed reply: no sessionId for the new session.")
         return turn
@@ -210,14 +206,13 @@ class AapClient:
         except (httpx.HTTPError, TimeoutError):
             pass
 
-    async def _turn(self, method: str, path: str, body: dict,
-                    opened: Callable[[str], None] | None = None) -> Turn:
+    async def _turn(self, method: str, path: str, body: dict) -> Turn:
         body = {**body, "stream": self.stream}
         try:
             async with asyncio.timeout(self.turn_timeout):
                 if self.stream == "none":
-                    return await self._json_turn(method, path, body, opened)
-                return await self._sse_turn(method, path, body, opened)
+                    return await self._json_turn(method, path, body)
+                return await self._sse_turn(method, path, body)
         except TimeoutError:
             raise AapError(f"Agent timed out: the turn did not end within {self.turn_timeout:g} s.") from None
         except httpx.TimeoutException as exc:
@@ -225,8 +220,7 @@ class AapClient:
         except httpx.HTTPError as exc:
             raise AapError(f"Agent unreachable: {type(exc).__name__}: {_brief(str(exc))}") from None
 
-    async def _json_turn(self, method: str, path: str, body: dict,
-                         opened: Callable[[str], None] | None) -> Turn:
+    async def _json_turn(self, method: str, path: str, body: dict) -> Turn:
         response = await self.http.request(method, _endpoint(self.url, path), json=body, headers=self.headers)
         if response.status_code >= 400:
             raise AapError(f"Agent answered HTTP {response.status_code}: {_brief(response.text)}")
@@ -234,8 +228,6 @@ class AapClient:
             data = response.json()
         except ValueError:
             raise AapError(f"Malformed reply: not JSON: {_brief(response.text)}") from None
-        if opened is not None and isinstance(data, dict) and isinstance(data.get("sessionId"), str):
-            opened(data["sessionId"])
         if not isinstance(data, dict) or not isinstance(data.get("messages", []), list):
             raise AapError("Malformed reply: expected an object with stopReason and messages.")
         turn = Turn(stop_reason=_stop_reason(data.get("stopReason")), session_id=data.get("sessionId"))
@@ -264,8 +256,7 @@ class AapClient:
                     turn.blocks.append({"type": "image", "mimeType": block.get("mimeType")})
         return turn
 
-    async def _sse_turn(self, method: str, path: str, body: dict,
-                        opened: Callable[[str], None] | None) -> Turn:
+    async def _sse_turn(self, method: str, path: str, body: dict) -> Turn:
         turn: Turn | None = None
         session_id: str | None = None
         pending = Turn(stop_reason="")
@@ -286,8 +277,6 @@ class AapClient:
                     event = sse.event
                     if event == "session_start":
                         session_id = data.get("sessionId")
-                        if opened is not None and isinstance(session_id, str):
-                            opened(session_id)
                     elif event == "text_delta" or event == "thinking_delta":
                         pending.add_text(event.removesuffix("_delta"), str(data.get("delta", "")), merge=True)
                     elif event == "text":

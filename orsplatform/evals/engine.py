@@ -7,18 +7,11 @@ Per run: up to `concurrency` episodes at once, each an ORS episode on the gatewa
 turns against the agent. An episode's result is written when it ends, so a worker killed mid-run
 loses only the episodes it had open; the run's lease lapses and a resume (or the redelivered task)
 runs the rest. A cancel is seen within a second through the lease renewal.
-
-The run's environment secrets are never read from the database: they come sealed in the task
-message and live here, in memory, for as long as this worker drives the run. On a worker a drive is
-bounded (ORS_EVAL_SLICE_SECONDS): then it stops starting episodes, lets the open ones end, lets go of
-the run, and its task sends a continuation carrying the same sealed secrets, so no message stays
-unacknowledged longer than the broker's visibility timeout (after which Redis would hand it out again).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -35,7 +28,7 @@ import httpx
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from orsplatform.evals import crypto, services
+from orsplatform.evals import services
 from orsplatform.evals.aap import (
     AapClient,
     AapError,
@@ -47,7 +40,7 @@ from orsplatform.evals.aap import (
     ors_tools_to_aap,
 )
 from orsplatform.evals.models import EvalRun
-from orsplatform.evals.services import Claim, EpisodeScore, RunPlan
+from orsplatform.evals.services import EpisodeScore, RunPlan
 from orsplatform.gateway.errors import GatewayError, storable
 from orsplatform.runners.redact import redact, secret_values
 
@@ -57,22 +50,7 @@ T = TypeVar("T")
 MAX_TRANSCRIPT_ENTRIES = 400
 MAX_RESULT_TEXT = 4000
 SETUP_DEADLINE_SECONDS = 300.0
-SLICE = "slice"  # a drive's outcome: its budget ran out with episodes left (the task sends a continuation)
 DENIED = "Denied: the evaluation does not permit this server-side tool (it is not trusted for this agent)."
-
-
-@dataclass
-class AgentSession:
-    """The agent's session of an episode, from the moment its id is known (it may be known before
-    the PUT that opened it ends, and the PUT may fail after that: the session is deleted either way)."""
-
-    id: str | None = None
-    known: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def opened(self, session_id: str) -> None:
-        if self.id is None:
-            self.id = session_id
-            self.known.set()
 
 
 @dataclass
@@ -143,20 +121,14 @@ class Engine:
 
     # --- entry points (any thread) ----------------------------------------------------------------
 
-    def execute(self, run_id: int, *, generation: int | None = None, sealed: str = "", wait: bool,
-                budget: float | None = None) -> str:
-        """Drive the run. Waiting (a worker's task): drive it for at most `budget` seconds and return
-        what the task should do next (SLICE: send a continuation; Claim.BUSY: try again shortly;
-        anything else: nothing). Not waiting (eager, the embedded default): drive it to its end in
-        the background, waiting out a previous generation here, and return at once."""
+    def execute(self, run_id: int, *, wait: bool) -> None:
         # A resume right after a cancel: the cancelled drive may still be ending its episodes here;
         # the new one starts after it, so no episode is driven twice.
         previous = self.runs.get(run_id)
-        coro = (self.drive(run_id, generation, sealed, budget, after=previous) if wait
-                else self._drive_to_end(run_id, generation, sealed, after=previous))
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        future = asyncio.run_coroutine_threadsafe(self.drive(run_id, after=previous), self.loop)
         self.runs[run_id] = future
-        return future.result() if wait else ""
+        if wait:
+            future.result()
 
     def call(self, coro) -> Any:
         """Run a coroutine on the engine's loop and wait for it (tests, the management command)."""
@@ -189,51 +161,23 @@ class Engine:
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
                 follow_redirects=False)
 
-    async def _drive_to_end(self, run_id: int, generation: int | None, sealed: str,
-                            after: Future | None) -> str:
-        while True:
-            outcome = await self.drive(run_id, generation, sealed, None, after=after)
-            if outcome != Claim.BUSY:
-                return outcome
-            after = None
-            await asyncio.sleep(settings.ORS_EVAL_LEASE_SECONDS / 3)  # the previous generation is ending
-
-    async def drive(self, run_id: int, generation: int | None, sealed: str, budget: float | None,
-                    after: Future | None = None) -> str:
+    async def drive(self, run_id: int, after: Future | None = None) -> None:
         self._start()
         if after is not None and not after.done():
             await asyncio.wait([asyncio.wrap_future(after)])
-        claim = await self.db(services.eval_run_claim, run_id=run_id, owner=self.owner, generation=generation)
-        if isinstance(claim, str):
-            return claim
-        plan = claim
+        plan = await self.db(services.eval_run_claim, run_id=run_id, owner=self.owner)
+        if plan is None:
+            return  # ended, or driven by a live worker elsewhere
         try:
-            plan.secrets = crypto.open_run_secrets(sealed, run_id=run_id)
-            missing = sorted(set(plan.secret_names) - set(plan.secrets))
-            if missing:
-                # A message from before secrets travelled with it, or a hand-made one: the run
-                # cannot give its environment what it was launched with.
-                outcome: tuple[str, str] | str | None = (
-                    EvalRun.Status.FAILED, f"The run's secrets did not reach the worker (missing: {', '.join(missing)}); "
-                    "resume it giving them again.")
-            else:
-                outcome = await self._drive(plan, budget)
-        except crypto.SealedSecretsError as exc:
-            outcome = EvalRun.Status.FAILED, f"{exc} Resume the run giving its secrets again."
+            outcome = await self._drive(plan)
         except Exception as exc:
             log.exception("evaluation run %s failed", run_id)
             outcome = (EvalRun.Status.FAILED, f"The platform could not drive the run: {type(exc).__name__}: {exc}")
-        finally:
-            plan.secrets = {}
-        if isinstance(outcome, tuple):
-            await self.db(services.eval_run_end, run_id=run_id, owner=self.owner, status=outcome[0], error=outcome[1])
-            return Claim.ENDED
-        await self.db(services.eval_run_end, run_id=run_id, owner=self.owner)
-        return outcome or Claim.ENDED
+        if outcome is not None:
+            await self.db(services.eval_run_end, run_id=run_id, owner=self.owner, status=outcome[0],
+                          error=outcome[1])
 
-    async def _drive(self, plan: RunPlan, budget: float | None) -> tuple[str, str] | str | None:
-        """(status, error) when the run ended, SLICE when the budget ran out first, None when it was
-        stopped (a cancel, a takeover, a resume of a run thought dead)."""
+    async def _drive(self, plan: RunPlan) -> tuple[str, str] | None:
         env = await self.gateway.environment(plan.caller, plan.env_ref)
         if env is None or env.version_id != plan.version_id:
             return EvalRun.Status.FAILED, f"Environment {plan.env_ref} is no longer available to the team."
@@ -245,10 +189,9 @@ class Engine:
                            turn_timeout=plan.turn_timeout)
         queue = deque(plan.indices)
         stopped = asyncio.Event()
-        ends = None if budget is None else time.monotonic() + budget
 
         async def work() -> None:
-            while queue and not stopped.is_set() and (ends is None or time.monotonic() < ends):
+            while queue and not stopped.is_set():
                 await self.episode(plan, env, client, queue.popleft())
 
         workers = [asyncio.create_task(work()) for _ in range(min(plan.concurrency, len(queue)))]
@@ -257,9 +200,7 @@ class Engine:
             await asyncio.gather(*workers, return_exceptions=True)
         finally:
             watcher.cancel()
-        if stopped.is_set():
-            return None
-        return SLICE if queue else (EvalRun.Status.FINISHED, "")
+        return None if stopped.is_set() else (EvalRun.Status.FINISHED, "")
 
     async def _watch(self, plan: RunPlan, workers: list[asyncio.Task], stopped: asyncio.Event) -> None:
         """Renew the lease; on a cancel (or a takeover) stop starting episodes and end the open ones."""
@@ -320,7 +261,7 @@ class Engine:
         sid = gw.open_session(plan.caller, secrets={}, env_vars={})
         state = EpisodeState(task_index=index, sid=sid)
         live = None
-        agent = AgentSession()
+        aap_sid: str | None = None
         try:
             await self.db(services.eval_episode_start, run_id=plan.run_id, task_index=index, sid=sid)
             live = await self._create(plan, env, sid, index)
@@ -330,12 +271,13 @@ class Engine:
             body = {"agent": {"name": plan.agent_name, "tools": plan.agent_tools, "options": plan.agent_options},
                     "messages": [{"role": "user", "content": ors_blocks_to_aap(prompt)}],
                     "tools": ors_tools_to_aap(tools)}
-            turn = await self._open(client, body, agent)
+            turn = await client.create(body)
+            aap_sid = turn.session_id
             state.turns = 1
-            await self._turns(plan, live, client, agent.id, turn, {t["name"] for t in tools}, state)
+            await self._turns(plan, live, client, aap_sid, turn, {t["name"] for t in tools}, state)
         except asyncio.CancelledError:
             # Cancelled run: not scored, so a resume runs it again.
-            await self._cleanup(plan, client, agent, sid, live)
+            await self._cleanup(plan, client, aap_sid, sid, live)
             await self.db(services.eval_episode_release, run_id=plan.run_id, task_index=index)
             raise
         except GatewayError as exc:
@@ -347,7 +289,7 @@ class Engine:
             state.stop_reason, state.error = "error", f"Platform: {type(exc).__name__}: {exc}"
         # The episode has its result: a cancel from here on must not lose it (nor leave the
         # session open), so clean-up and scoring finish whatever happens to this task.
-        finish = asyncio.ensure_future(self._finish(plan, client, agent, sid, live, state,
+        finish = asyncio.ensure_future(self._finish(plan, client, aap_sid, sid, live, state,
                                                     round(time.monotonic() - started, 4)))
         try:
             await asyncio.shield(finish)
@@ -355,9 +297,9 @@ class Engine:
             await finish
             raise
 
-    async def _finish(self, plan: RunPlan, client: AapClient, agent: AgentSession, sid: str, live,
+    async def _finish(self, plan: RunPlan, client: AapClient, aap_sid: str | None, sid: str, live,
                       state: EpisodeState, duration_s: float) -> None:
-        await self._cleanup(plan, client, agent, sid, live)
+        await self._cleanup(plan, client, aap_sid, sid, live)
         passed = not state.error and state.reward >= plan.pass_threshold
         # Stored like the audit log: an environment (or the agent) may echo a secret it was given.
         secrets = secret_values(plan.secrets)
@@ -418,28 +360,9 @@ class Engine:
             turn = await client.send(aap_sid, {"messages": replies})
             state.turns += 1
 
-    async def _open(self, client: AapClient, body: dict, agent: AgentSession) -> Turn:
-        """PUT /session, such that the session it opens is known to the clean-up whatever happens."""
-        put = asyncio.ensure_future(client.create(body, agent.opened))
-        try:
-            return await asyncio.shield(put)
-        except asyncio.CancelledError:
-            # Cancelled (the run was) while the PUT is in flight: the agent may have opened the
-            # session already, and only this request can tell its id. Let it go on until the id is
-            # known (SSE: session_start, early) or the request ends (JSON: the whole reply; bounded
-            # by the turn timeout), so that the clean-up deletes that session too.
-            if not put.done():
-                known = asyncio.ensure_future(agent.known.wait())
-                await asyncio.wait([put, known], return_when=asyncio.FIRST_COMPLETED)
-                known.cancel()
-                put.cancel()  # the rest of the turn is not needed once the id is known
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await put
-            raise
-
-    async def _cleanup(self, plan: RunPlan, client: AapClient, agent: AgentSession, sid: str, live) -> None:
-        if agent.id:
-            await client.delete(agent.id)
+    async def _cleanup(self, plan: RunPlan, client: AapClient, aap_sid: str | None, sid: str, live) -> None:
+        if aap_sid:
+            await client.delete(aap_sid)
         # Also without `live`: a cancel inside create_episode may leave its row (and instance) behind.
         try:
             await self.gateway.end(plan.caller, sid)

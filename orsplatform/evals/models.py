@@ -68,18 +68,12 @@ class EvalRun(models.Model):
     turn_timeout = models.FloatField(null=True, blank=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     error = models.TextField(blank=True)
-    # The NAMES of the environment secrets the run was launched with, never their values: those travel
-    # only inside the run's Celery message, sealed (evals/crypto.py), so a resume must be given them
-    # again and is refused (naming what is missing) without them.
-    secret_names = models.JSONField(default=list, blank=True)
-    # Bumped by every resume. A task message carries the generation it was sent for, so a message of
-    # an earlier attempt (the "lost" one of a queued run turning up after all, a dead worker's
-    # redelivery after a resume) is dropped instead of driving the run a second time.
-    generation = models.PositiveIntegerField(default=0)
-    # Which worker drives the run, for which generation, and until when it vouches for it (a dead
-    # worker's lease lapses, so a redelivered or resumed run is taken over, never driven twice).
+    # Secrets for the environment, Fernet-encrypted while the run may still start episodes; wiped when
+    # it ends (a resume after that takes them again).
+    secrets_encrypted = models.TextField(blank=True)
+    # Which worker drives the run and until when it vouches for it (a dead worker's lease lapses,
+    # so a redelivered or resumed run is taken over, never driven twice).
     lease_owner = models.CharField(max_length=200, blank=True)
-    lease_generation = models.PositiveIntegerField(default=0)
     lease_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from orsplatform.catalog.selectors import environment_resolve
@@ -74,24 +74,15 @@ def agent_remove(*, agent: Agent) -> None:
     agent.api_key_encrypted = ""
     agent.save(update_fields=["deleted_at", "api_key_encrypted"])
     EvalRun.objects.filter(agent=agent, status__in=(EvalRun.Status.QUEUED, EvalRun.Status.RUNNING)).update(
-        status=EvalRun.Status.CANCELLED, finished_at=timezone.now())
+        status=EvalRun.Status.CANCELLED, finished_at=timezone.now(), secrets_encrypted="")
 
 
 # --- runs --------------------------------------------------------------------------------------------
 
-def eval_run_task_args(*, run: EvalRun, secrets: dict[str, str] | None) -> list:
-    """The arguments of the run's task message: its id, the generation it is sent for, and its
-    secrets sealed to it. The message is the only place the secrets live between the request that
-    gave them and the worker that drives the run: acks_late brings them back with a redelivery,
-    and the task passes them on to its own continuation."""
-    return [run.id, run.generation, crypto.seal_run_secrets(secrets, run_id=run.id)]
-
-
-def _enqueue(run: EvalRun, secrets: dict[str, str] | None) -> None:
+def _enqueue(run_id: int) -> None:
     from orsplatform.evals.tasks import run_eval
 
-    args = eval_run_task_args(run=run, secrets=secrets)
-    transaction.on_commit(lambda: run_eval.apply_async(args=args))
+    transaction.on_commit(lambda: run_eval.delay(run_id))
 
 
 def eval_run_launch(*, team: Team, agent: Agent, environment: str, split: str, start: int = 0,
@@ -125,11 +116,11 @@ def eval_run_launch(*, team: Team, agent: Agent, environment: str, split: str, s
         run = EvalRun.objects.create(
             team=team, agent=agent, environment_id=env.environment_id, version_id=env.version_id, split=split, start=start, stop=stop,
             concurrency=concurrency, max_turns=max_turns, pass_threshold=pass_threshold, turn_timeout=turn_timeout,
-            secret_names=sorted(secrets or {}))
+            secrets_encrypted=crypto.encrypt_json(secrets or {}))
         EvalEpisode.objects.bulk_create([EvalEpisode(run=run, task_index=i) for i in range(start, stop)],
                                         batch_size=2000)
         if enqueue:
-            _enqueue(run, secrets)
+            _enqueue(run.id)
     return run
 
 
@@ -143,42 +134,37 @@ def eval_run_cancel(*, run: EvalRun) -> EvalRun:
     """Stop a queued or running run. Its worker sees the status within a second, stops starting
     episodes, and ends the open ones (scored ones stay; the others go back to pending)."""
     updated = EvalRun.objects.filter(id=run.id, status__in=(EvalRun.Status.QUEUED, EvalRun.Status.RUNNING)).update(
-        status=EvalRun.Status.CANCELLED, finished_at=timezone.now())
+        status=EvalRun.Status.CANCELLED, finished_at=timezone.now(), secrets_encrypted="")
     if not updated:
         raise ValidationError(f"The run is {run.status}; only queued or running runs can be cancelled.")
     run.refresh_from_db()
     return run
 
 
+def _lease_lapsed(run: EvalRun) -> bool:
+    return run.lease_until is None or run.lease_until < timezone.now()
+
+
 def eval_run_resume(*, run: EvalRun, secrets: dict[str, str] | None = None, enqueue: bool = True) -> EvalRun:
-    """Run again only the episodes not yet scored, as a new generation of the run. Allowed for a
-    cancelled, failed or finished run; for a queued one (its message may be lost: a broker restart);
-    and for a running one whose worker died (its lease lapsed). The secrets the run was launched
-    with are never stored, so they must be given again while episodes remain to be run."""
+    """Run again only the episodes not yet scored. Allowed for a cancelled, failed or finished run,
+    and for a running one whose worker died (its lease lapsed)."""
     _check_secrets(secrets)
     if run.agent.deleted_at is not None:
         raise ValidationError("The run's agent was removed.")
-    unscored = EvalEpisode.objects.filter(run=run).exclude(status=EvalEpisode.Status.SCORED).exists()
-    missing = sorted(set(run.secret_names) - set(secrets or {})) if unscored else []
-    if missing:
-        raise ValidationError(f"The run was launched with secrets, which are never stored: give them again in "
-                              f"`secrets` to resume it (missing: {', '.join(missing)}).")
-    now = timezone.now()
-    resumable = Q(status__in=(EvalRun.Status.QUEUED, EvalRun.Status.CANCELLED, EvalRun.Status.FAILED,
-                              EvalRun.Status.FINISHED)) | Q(status=EvalRun.Status.RUNNING) & (
-        Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+    if run.status == EvalRun.Status.QUEUED or (run.status == EvalRun.Status.RUNNING and not _lease_lapsed(run)):
+        raise ValidationError(f"The run is {run.status}; it will go on by itself.")
     with transaction.atomic():
-        # One conditional UPDATE decides, so a resume racing a worker's claim (or another resume)
-        # either wins outright or is refused. The lease is left as it is: a cancelled run's worker
-        # may still be ending its episodes, and the new generation waits for it to let go.
-        updated = EvalRun.objects.filter(resumable, id=run.id).update(
-            status=EvalRun.Status.QUEUED, finished_at=None, error="", generation=F("generation") + 1,
-            secret_names=sorted(set(run.secret_names) | set(secrets or {})))
-        run.refresh_from_db()
-        if not updated:
-            raise ValidationError(f"The run is {run.status}; it will go on by itself.")
+        fields = {"status": EvalRun.Status.QUEUED, "finished_at": None, "error": "", "lease_owner": "",
+                  "lease_until": None}
+        if secrets is not None:
+            fields["secrets_encrypted"] = crypto.encrypt_json(secrets)
+        EvalRun.objects.filter(id=run.id).update(**fields)
+        # A dead worker's open episodes: not scored, so run again.
+        EvalEpisode.objects.filter(run=run, status=EvalEpisode.Status.RUNNING).update(
+            status=EvalEpisode.Status.PENDING)
         if enqueue:
-            _enqueue(run, secrets)
+            _enqueue(run.id)
+    run.refresh_from_db()
     return run
 
 
@@ -204,48 +190,21 @@ class RunPlan:
     agent_stream: str
     agent_tools: list[dict]
     api_key: str = field(repr=False, default="")
-    # Names only; the values come with the task message (Engine.drive fills `secrets`).
-    secret_names: list[str] = field(default_factory=list)
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
 
 
-class Claim:
-    """Why a task message does not drive its run (eval_run_claim returns one of these)."""
-
-    ENDED = "ended"  # the run is over (finished, cancelled, failed) or gone: drop the message
-    STALE = "stale"  # the message is of an earlier generation (a resume sent a newer one): drop it
-    TAKEN = "taken"  # a worker's lease on this generation: a duplicate delivery (that worker holds its
-    #                  own unacknowledged message), or a dead worker's lease not lapsed yet: look once more
-    #                  after a lease period (evals/tasks.py), then drop it
-    BUSY = "busy"  # the previous generation's worker is still ending its episodes: try again shortly
-
-
-def _claim_refusal(run_id: int, generation: int) -> str:
-    row = EvalRun.objects.filter(id=run_id).values("status", "generation", "lease_generation").first()
-    if row is None or row["status"] not in (EvalRun.Status.QUEUED, EvalRun.Status.RUNNING):
-        return Claim.ENDED
-    if row["generation"] != generation:
-        return Claim.STALE
-    return Claim.TAKEN if row["lease_generation"] == generation else Claim.BUSY
-
-
-def eval_run_claim(*, run_id: int, owner: str, generation: int | None) -> RunPlan | str:
-    """Take the run for this worker, or say why not (a Claim). The take is one conditional UPDATE on
-    the run's row (its generation, and no live lease of another worker), so two workers handed the
-    same run (a duplicate or redelivered message, a resume racing the original) never both drive it."""
+def eval_run_claim(*, run_id: int, owner: str) -> RunPlan | None:
+    """Take the run for this worker (None: it ended, or a live worker drives it)."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.ORS_EVAL_LEASE_SECONDS)
-    if generation is None:  # a message sent before runs had generations
-        generation = EvalRun.objects.filter(id=run_id).values_list("generation", flat=True).first() or 0
-    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner)
-    if not EvalRun.objects.filter(free, id=run_id, generation=generation,
-                                  status__in=(EvalRun.Status.QUEUED, EvalRun.Status.RUNNING)).update(
-            status=EvalRun.Status.RUNNING, lease_owner=owner, lease_generation=generation, lease_until=lease):
-        return _claim_refusal(run_id, generation)
+    claimable = Q(status=EvalRun.Status.QUEUED) | Q(status=EvalRun.Status.RUNNING) & (
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner))
+    if not EvalRun.objects.filter(claimable, id=run_id).update(
+            status=EvalRun.Status.RUNNING, lease_owner=owner, lease_until=lease):
+        return None
     run = EvalRun.objects.select_related("team", "agent", "environment__team", "version").get(id=run_id)
     if run.started_at is None:
         EvalRun.objects.filter(id=run_id).update(started_at=now)
-    # Nobody else holds the run now, so episodes still marked running were a dead worker's.
     EvalEpisode.objects.filter(run=run, status=EvalEpisode.Status.RUNNING).update(status=EvalEpisode.Status.PENDING)
     agent = run.agent
     trusted = set(agent.trusted_tools or [])
@@ -260,7 +219,7 @@ def eval_run_claim(*, run_id: int, owner: str, generation: int | None) -> RunPla
         agent_url=agent.url, agent_name=agent.agent, agent_options=agent.options or {}, agent_stream=agent.stream,
         agent_tools=[{"name": t["name"], "trust": t["name"] in trusted}
                      for t in (agent.meta.get("tools") or []) if isinstance(t, dict) and t.get("name")],
-        api_key=crypto.decrypt(agent.api_key_encrypted), secret_names=list(run.secret_names or []),
+        api_key=crypto.decrypt(agent.api_key_encrypted), secrets=crypto.decrypt_json(run.secrets_encrypted),
     )
 
 
@@ -276,14 +235,10 @@ def eval_run_renew(*, run_id: int, owner: str) -> str:
     return run["status"]
 
 
-def eval_run_end(*, run_id: int, owner: str, status: str = "", error: str = "") -> None:
-    """The driving worker lets go of the run: with a status, it ended it (finished or failed; a cancel
-    already ended it); without, it stopped (a cancel, a takeover, or the end of its slice, after
-    which its task's continuation or another worker takes the run). Either way its lease goes at
-    once, so whoever is next does not wait for it to lapse."""
-    if status:
-        EvalRun.objects.filter(id=run_id, lease_owner=owner, status=EvalRun.Status.RUNNING).update(
-            status=status, error=error[:2000], finished_at=timezone.now(), lease_until=None)
+def eval_run_end(*, run_id: int, owner: str, status: str, error: str = "") -> None:
+    """The driving worker is done with the run: finished (or failed); a cancel already ended it."""
+    EvalRun.objects.filter(id=run_id, lease_owner=owner, status=EvalRun.Status.RUNNING).update(
+        status=status, error=error[:2000], finished_at=timezone.now(), lease_until=None, secrets_encrypted="")
     EvalRun.objects.filter(id=run_id, lease_owner=owner).update(lease_until=None)
 
 

@@ -148,12 +148,8 @@ def run_cancel(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
 @require_POST
 def run_resume(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
     team_obj = _team(request, team)
-    run_obj = _run(team_obj, run_id)
-    # The run's secrets are never stored: the page asks for each by name (password fields).
-    secrets = {name: request.POST[f"secret:{name}"] for name in run_obj.secret_names
-               if request.POST.get(f"secret:{name}")}
     try:
-        services.eval_run_resume(run=run_obj, secrets=secrets or None)
+        services.eval_run_resume(run=_run(team_obj, run_id))
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     return redirect("evals:run", team=team_obj.slug, run_id=run_id)

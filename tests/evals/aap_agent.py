@@ -8,11 +8,8 @@ Agents (GET /meta): `solver` answers the bundled `math` tasks, correctly unless 
 `web_search`, then answers correctly; `silent` ends its turn without calling a tool; `looper`
 calls a tool that does not exist forever; and the faults: `http500`, `malformed` (data that is
 not JSON), `truncated` (the stream ends without turn_stop), `endless` (a stream that never ends),
-`slow` (never answers), and `slowput` (solves like `solver`, but its PUT /session opens the session
-at once and answers only after SLOW_PUT_SECONDS: in JSON mode the whole reply, in SSE modes all but
-`session_start`). `/v2/meta` claims protocol version 2. GET /_stats tells what the server saw
-(sessions open now and at most at once, deletes, PUTs still in flight, permission decisions,
-Authorization headers).
+`slow` (never answers). `/v2/meta` claims protocol version 2. GET /_stats tells what the server saw
+(sessions open at once, deletes, permission decisions, Authorization headers).
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parents[2]
 MATH_DIR = ROOT / "envs" / "math"
 
-AGENTS = ["solver", "asker", "silent", "looper", "http500", "malformed", "truncated", "endless", "slow", "slowput"]
-SLOW_PUT_SECONDS = 4.0
+AGENTS = ["solver", "asker", "silent", "looper", "http500", "malformed", "truncated", "endless", "slow"]
 ALL_STREAMS = {"delta": {}, "message": {}, "none": {}}
 
 
@@ -79,7 +75,7 @@ class Answers:
 
 ANSWERS = Answers()
 STATS: dict = {"open": 0, "max_open": 0, "created": 0, "deleted": 0, "permissions": [], "auth": [],
-               "puts": 0, "posts": 0, "puts_in_flight": 0}
+               "puts": 0, "posts": 0}
 SESSIONS: dict[str, dict] = {}
 API_KEY = ""
 
@@ -118,7 +114,7 @@ def script(session: dict, messages: list[dict]) -> list[tuple[str, dict]]:
     name, question = session["agent"], session["question"]
     session["turns"] += 1
     call = f"call_{uuid.uuid4().hex[:8]}"
-    if name in ("solver", "slowput"):
+    if name == "solver":
         if session["turns"] == 1:
             answer = ANSWERS.answer(question)
             if fails(question):
@@ -153,8 +149,6 @@ async def _sse(session: dict, events: list[tuple[str, dict]], mode: str, first: 
     name = session["agent"]
     if first:
         yield _frame("session_start", {"sessionId": session["id"]})
-        if name == "slowput":
-            await asyncio.sleep(SLOW_PUT_SECONDS)
     yield _frame("turn_start", {})
     if name == "malformed":
         yield b"event: text\ndata: {this is not json\n\n"
@@ -217,8 +211,6 @@ async def _turn(session: dict, body: dict, first: bool) -> Response:
     events = script(session, body.get("messages") or [])
     mode = body.get("stream") or "none"
     if mode == "none":
-        if name == "slowput" and first:
-            await asyncio.sleep(SLOW_PUT_SECONDS)
         return _json_reply(session, events, first)
     return StreamingResponse(_sse(session, events, mode, first), media_type="text/event-stream")
 
@@ -231,8 +223,6 @@ async def put_session(request: Request) -> Response:
     name = (body.get("agent") or {}).get("name")
     if name not in AGENTS:
         return JSONResponse({"error": f"no agent {name!r}"}, status_code=404)
-    if name == "http500":
-        return PlainTextResponse("the agent exploded", status_code=500)  # no session opened
     messages = body.get("messages") or []
     prompt = _text_of(messages[-1]["content"]) if messages else ""
     session = {"id": f"sess_{uuid.uuid4().hex[:12]}", "agent": name, "question": question_of(prompt), "turns": 0,
@@ -241,25 +231,7 @@ async def put_session(request: Request) -> Response:
     STATS["created"] += 1
     STATS["open"] += 1
     STATS["max_open"] = max(STATS["max_open"], STATS["open"])
-    STATS["puts_in_flight"] += 1
-    streaming = False
-    try:
-        response = await _turn(session, body, first=True)
-        if isinstance(response, StreamingResponse):
-            streaming, inner = True, response.body_iterator
-
-            async def counted() -> AsyncIterator[bytes]:
-                try:
-                    async for chunk in inner:
-                        yield chunk
-                finally:  # the stream ended, or the client went away
-                    STATS["puts_in_flight"] -= 1
-
-            response.body_iterator = counted()
-        return response
-    finally:
-        if not streaming:
-            STATS["puts_in_flight"] -= 1
+    return await _turn(session, body, first=True)
 
 
 async def post_session(request: Request) -> Response:
@@ -294,7 +266,7 @@ async def reset_stats(request: Request) -> Response:
     # forgotten, so each test counts only its own.
     SESSIONS.clear()
     STATS.update(open=0, max_open=0, created=0, deleted=0, permissions=[], auth=[],
-                 puts=0, posts=0, puts_in_flight=0)
+                 puts=0, posts=0)
     return JSONResponse({"ok": True})
 
 

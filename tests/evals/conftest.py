@@ -128,17 +128,3 @@ def wait_run(person, run_id: int, *, until=lambda run: run["status"] in TERMINAL
         brief = {k: v for k, v in run.items() if k != "episodes"}
         assert time.monotonic() < deadline, f"run {run_id} did not get there: {brief}"
         time.sleep(0.05)  # polling interval while waiting on the condition
-
-
-def database_dump() -> str:
-    """Every row of every table the platform has, as text (to look for a value that must not be
-    stored anywhere). Raw SQL over the introspected table list, so tables of third-party apps and
-    many-to-many tables are included too."""
-    from django.db import connection
-
-    rows = []
-    with connection.cursor() as cursor:
-        for table in connection.introspection.table_names(cursor):
-            cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)}")
-            rows.append(f"{table}: {cursor.fetchall()!r}")
-    return "\n".join(rows)

@@ -7,7 +7,7 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from orsplatform.evals.models import EvalEpisode, EvalRun
+from orsplatform.evals.models import EvalRun
 from tests.evals.aap_agent import expected_reward
 from tests.evals.conftest import register
 
@@ -35,19 +35,3 @@ def test_it_explains_what_is_wrong(owner, agents):
     with pytest.raises(CommandError, match="has no split 'nope'"):
         call_command("eval_run", team=owner.team.slug, agent="solver-none", environment="builtin/math", split="nope",
                      stdout=io.StringIO())
-
-
-def test_resume_from_the_shell_asks_for_the_runs_secrets_again(owner, agents):
-    register(owner, agents, "solver", "none")
-    call_command("eval_run", team=owner.team.slug, agent="solver-none", environment="builtin/math", stop=3,
-                 secret=["TOKEN=cmd-secret-55"], stdout=io.StringIO())
-    run = EvalRun.objects.get(team=owner.team)
-    assert run.status == "finished" and run.secret_names == ["TOKEN"]
-    EvalEpisode.objects.filter(run=run, task_index=2).update(status="pending", reward=None)  # one left to run
-    with pytest.raises(CommandError, match=r"give them again .*\(missing: TOKEN\)"):
-        call_command("eval_run", team=owner.team.slug, resume=run.id, stdout=io.StringIO())
-    out = io.StringIO()
-    call_command("eval_run", team=owner.team.slug, resume=run.id, secret=["TOKEN=cmd-secret-55"], stdout=out)
-    run.refresh_from_db()
-    assert run.status == "finished" and "3/3" in out.getvalue()
-    assert EvalEpisode.objects.get(run=run, task_index=2).reward == expected_reward("test", 2)

@@ -7,8 +7,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from orsplatform.evals.models import Agent, EvalEpisode
-from tests.evals.aap_agent import expected_reward
+from orsplatform.evals.models import Agent
 from tests.evals.conftest import AGENT_KEY, launch, register, wait_run
 
 
@@ -103,18 +102,3 @@ def test_a_run_is_launched_and_cancelled_from_the_runs_page(owner, agents):
                                                     "split": "test", "start": 0, "stop": 2, "concurrency": 1,
                                                     "max_turns": 3})
     assert bad.status_code == 400 and "not found" in bad.content.decode()
-
-
-def test_the_run_page_asks_for_the_secrets_by_name_to_resume(owner, agents):
-    agent = register(owner, agents, "solver", "none")
-    run = launch(owner, agent["id"], stop=4, secrets={"TOKEN": "page-secret-31"})
-    wait_run(owner, run["id"])
-    EvalEpisode.objects.filter(run_id=run["id"], task_index=3).update(status="pending", reward=None)
-    client = login(owner)
-    html = client.get(f"/aap/{owner.team.slug}/runs/{run['id']}/").content.decode()
-    assert '<input type="password" name="secret:TOKEN"' in html and "page-secret-31" not in html
-    page = client.post(f"/aap/{owner.team.slug}/runs/{run['id']}/resume", follow=True)
-    assert "missing: TOKEN" in page.content.decode()
-    client.post(f"/aap/{owner.team.slug}/runs/{run['id']}/resume", {"secret:TOKEN": "page-secret-31"})
-    done = wait_run(owner, run["id"], until=lambda r: r["status"] == "finished" and r["done"] == 4)
-    assert done["episodes"][3]["reward"] == expected_reward("test", 3)

@@ -1,7 +1,7 @@
 """Launch (or resume, or watch) an evaluation run from a shell, with a progress bar.
 
     manage.py eval_run --team acme --agent solver --environment builtin/math --split test --stop 100
-    manage.py eval_run --team acme --resume 12 [--secret NAME=VALUE ...]
+    manage.py eval_run --team acme --resume 12
     manage.py eval_run --team acme --watch 12
 
 Without a broker (the embedded default) the run is driven inside this process, so the command waits
@@ -35,8 +35,7 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=4)
         parser.add_argument("--max-turns", type=int, default=20)
         parser.add_argument("--turn-timeout", type=float)
-        parser.add_argument("--secret", action="append", default=[], metavar="NAME=VALUE",
-                            help="an environment secret (repeat); never stored, so give them again with --resume")
+        parser.add_argument("--secret", action="append", default=[], metavar="NAME=VALUE")
         parser.add_argument("--resume", type=int, metavar="RUN_ID", help="run again the unscored episodes of a run")
         parser.add_argument("--watch", type=int, metavar="RUN_ID", help="only show a run's progress")
         parser.add_argument("--no-wait", action="store_true", help="enqueue and return (needs a broker)")
@@ -56,21 +55,17 @@ class Command(BaseCommand):
         self._watch(team, run.id)
 
     def _start(self, team: Team, opts: dict) -> EvalRun:
-        malformed = [s for s in opts["secret"] if "=" not in s]
-        if malformed:
-            # Only the part before any "=" could be a name; the rest might be a value, never echoed.
-            raise CommandError("--secret takes NAME=VALUE.")
-        secrets = dict(s.split("=", 1) for s in opts["secret"])
         if opts["watch"] or opts["resume"]:
             run = selectors.run_of_team(team=team, run_id=opts["watch"] or opts["resume"])
             if run is None:
                 raise CommandError("No such run in this team.")
-            return services.eval_run_resume(run=run, secrets=secrets or None) if opts["resume"] else run
+            return services.eval_run_resume(run=run) if opts["resume"] else run
         if not (opts["agent"] and opts["environment"]):
             raise CommandError("--agent and --environment are required to launch a run.")
         agent = selectors.agent_by_name(team=team, name=opts["agent"])
         if agent is None:
             raise CommandError(f"No agent {opts['agent']!r} in team {team.slug}.")
+        secrets = dict(s.split("=", 1) for s in opts["secret"] if "=" in s)
         return services.eval_run_launch(
             team=team, agent=agent, environment=opts["environment"], split=opts["split"], start=opts["start"],
             stop=opts["stop"], concurrency=opts["concurrency"], max_turns=opts["max_turns"],
