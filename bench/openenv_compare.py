@@ -46,6 +46,7 @@ try:  # run as a script (bench/ on sys.path) or imported as bench.openenv_compar
         prepare_platform,
         run_command,
         stop_process,
+        tree_cpu_seconds,
         wait_healthy,
     )
 except ImportError:  # pragma: no cover
@@ -59,6 +60,7 @@ except ImportError:  # pragma: no cover
         prepare_platform,
         run_command,
         stop_process,
+        tree_cpu_seconds,
         wait_healthy,
     )
 
@@ -79,27 +81,6 @@ def server_process(name: str, cmd: list[str], env: dict[str, str], base_url: str
         yield proc
     finally:
         stop_process(proc)
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU (user + system) of a process and all its descendants (the platform's sandbox workers)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, (ppid, _) in stats.items():
-            if ppid == parent and child not in tree:
-                tree.add(child)
-                frontier.append(child)
-    return sum(stats[p][1] for p in tree if p in stats)
 
 
 # What the reference process runs: the generated environment class, made concurrent, in create_app.
