@@ -70,7 +70,8 @@ up:
 # compose.yml requires its secrets even to stop the stack; any value does for `down`.
 down:
 	SECRET_KEY="$${SECRET_KEY:-unused}" REDIS_PASSWORD="$${REDIS_PASSWORD:-unused}" \
-		RUNNER_REDIS_PASSWORD="$${RUNNER_REDIS_PASSWORD:-unused}" docker compose -f docker/compose.yml down
+		RUNNER_REDIS_PASSWORD_RUNNER_1="$${RUNNER_REDIS_PASSWORD_RUNNER_1:-unused}" \
+		RUNNER_REDIS_PASSWORD_RUNNER_2="$${RUNNER_REDIS_PASSWORD_RUNNER_2:-unused}" docker compose -f docker/compose.yml down
 
 clean:
 	rm -rf var .pytest_cache

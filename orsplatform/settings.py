@@ -175,6 +175,8 @@ CELERY_BEAT_SCHEDULE: dict = {
     "analytics-rollup": {"task": "analytics.rollup_tool_calls", "schedule": 30.0},
     # Builds whose process died end as failed; Python environments no version uses are removed.
     "collect-pyenvs": {"task": "catalog.collect_pyenvs", "schedule": 600.0},
+    # Evaluation runs whose worker died are resumed on another (or failed, when they need secrets).
+    "resume-orphaned-eval-runs": {"task": "evals.resume_orphaned_runs", "schedule": 30.0},
 }
 
 # --- ORS platform settings ------------------------------------------------------------------------
@@ -294,6 +296,9 @@ ORS_EVAL_MAX_EPISODES = env_int("ORS_EVAL_MAX_EPISODES", 100_000)
 # A driving worker renews its lease on the run this often; a lease not renewed for
 # ORS_EVAL_LEASE_SECONDS belongs to a dead worker, and the run may be taken over (resume).
 ORS_EVAL_LEASE_SECONDS = env_float("ORS_EVAL_LEASE_SECONDS", 30.0)
+# A cancel that finds an agent's PUT /session in flight waits this long (at most a turn) for the
+# session's id, so the agent's session is deleted rather than left open on its server.
+ORS_EVAL_CANCEL_GRACE_SECONDS = env_float("ORS_EVAL_CANCEL_GRACE_SECONDS", 15.0)
 
 # Behind TLS in production: cookies only over HTTPS, HSTS, and the proxy's scheme header trusted.
 if env_bool("ORS_SECURE_COOKIES", False):

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from orsplatform.analytics import latency
 from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
+from orsplatform.celery import task
 from orsplatform.episodes.models import Session, ToolCall
 
 log = logging.getLogger(__name__)
@@ -204,13 +205,12 @@ def rollup_nudge() -> None:
         return
     if not ToolCall.objects.filter(id__gt=last_id).exists():
         return
-    from orsplatform.analytics.tasks import rollup_tool_calls
-
     def enqueue() -> None:
         # A page must not fail, nor wait on broker retries, because a nudge could not be sent: beat
         # runs the rollup anyway.
         try:
-            rollup_tool_calls.apply_async(kwargs={"max_batches": 3, "requeue": False}, retry=False)
+            task("analytics.rollup_tool_calls").apply_async(kwargs={"max_batches": 3, "requeue": False},
+                                                           retry=False)
         except Exception:  # noqa: BLE001 - any broker or eager-run failure
             log.warning("analytics rollup nudge failed", exc_info=True)
 

@@ -24,6 +24,7 @@ from orsplatform.catalog import requirements as package_requirements
 from orsplatform.catalog.errors import one_line, tenant_output
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
+from orsplatform.celery import task
 from orsplatform.runners.inspection import run_child
 from orsplatform.teams.models import Team
 from orsplatform.teams.services import validate_slug
@@ -385,15 +386,13 @@ def _version_queue_build(*, team: Team, slug: str, manifest: dict, visibility: s
 
 
 def _build_dispatch(version_id: int) -> None:
-    from orsplatform.catalog.tasks import build_version
-
     if settings.CELERY_TASK_ALWAYS_EAGER:
         # The embedded default has no worker: build beside the server, so the request answers at
         # once and the version's page shows the build as it goes.
         threading.Thread(target=_build_in_thread, args=(version_id,), name=f"build-{version_id}",
                          daemon=True).start()
     else:
-        build_version.delay(version_id)
+        task("catalog.build_version").delay(version_id)
 
 
 def _build_in_thread(version_id: int) -> None:
@@ -585,8 +584,6 @@ def ingest_job_create(
     split_type: str | None = None, created_by=None,
 ) -> IngestJob:
     """Save an uploaded task file and queue its ingest (run by a Celery worker, or at once when eager)."""
-    from orsplatform.catalog.tasks import ingest_tasks
-
     ingest.validate_split_name(split_name)
     if mode not in IngestJob.Mode.values:
         raise IngestError(f"Unknown mode {mode!r}: use append or replace.")
@@ -606,7 +603,7 @@ def ingest_job_create(
         mode=mode, format=fmt, file_name=(upload.name or "")[:255], source_path=str(path),
         bytes_total=path.stat().st_size, created_by=created_by,
     )
-    transaction.on_commit(lambda: ingest_tasks.delay(job.id))
+    transaction.on_commit(lambda: task("catalog.ingest_tasks").delay(job.id))
     return job
 
 

@@ -12,6 +12,7 @@ import asyncio
 import ipaddress
 import json
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -189,8 +190,11 @@ class AapClient:
         self.stream = stream
         self.turn_timeout = turn_timeout
 
-    async def create(self, body: dict) -> Turn:
-        turn = await self._turn("PUT", "/session", body)
+    async def create(self, body: dict, on_session: Callable[[str], None] | None = None) -> Turn:
+        """PUT /session. `on_session` learns the new session's id as soon as the agent tells it
+        (session_start, before the turn ends, in the stream modes): whoever cancels the turn can
+        still delete the session."""
+        turn = await self._turn("PUT", "/session", body, on_session)
         if not turn.session_id:
             raise AapError("Malformed reply: no sessionId for the new session.")
         return turn
@@ -206,13 +210,14 @@ class AapClient:
         except (httpx.HTTPError, TimeoutError):
             pass
 
-    async def _turn(self, method: str, path: str, body: dict) -> Turn:
+    async def _turn(self, method: str, path: str, body: dict,
+                    on_session: Callable[[str], None] | None = None) -> Turn:
         body = {**body, "stream": self.stream}
         try:
             async with asyncio.timeout(self.turn_timeout):
                 if self.stream == "none":
                     return await self._json_turn(method, path, body)
-                return await self._sse_turn(method, path, body)
+                return await self._sse_turn(method, path, body, on_session)
         except TimeoutError:
             raise AapError(f"Agent timed out: the turn did not end within {self.turn_timeout:g} s.") from None
         except httpx.TimeoutException as exc:
@@ -256,7 +261,8 @@ class AapClient:
                     turn.blocks.append({"type": "image", "mimeType": block.get("mimeType")})
         return turn
 
-    async def _sse_turn(self, method: str, path: str, body: dict) -> Turn:
+    async def _sse_turn(self, method: str, path: str, body: dict,
+                        on_session: Callable[[str], None] | None = None) -> Turn:
         turn: Turn | None = None
         session_id: str | None = None
         pending = Turn(stop_reason="")
@@ -277,6 +283,8 @@ class AapClient:
                     event = sse.event
                     if event == "session_start":
                         session_id = data.get("sessionId")
+                        if on_session is not None and isinstance(session_id, str) and session_id:
+                            on_session(session_id)
                     elif event == "text_delta" or event == "thinking_delta":
                         pending.add_text(event.removesuffix("_delta"), str(data.get("delta", "")), merge=True)
                     elif event == "text":

@@ -28,7 +28,7 @@ import httpx
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from orsplatform.evals import services
+from orsplatform.evals import crypto, services
 from orsplatform.evals.aap import (
     AapClient,
     AapError,
@@ -104,6 +104,19 @@ def tool_reply(result: dict | None, exception: str | None) -> tuple[list[dict] |
     return content, output.get("reward"), bool(output.get("finished")), True
 
 
+def _open_secrets(plan: RunPlan, sealed: str) -> str:
+    """Put the run's secrets from its message into the plan; the reason the run cannot go on, or "".
+    Without the secrets it was launched with (a message sent without them, a rotated key), the
+    agent would be scored on broken episodes."""
+    try:
+        plan.secrets = crypto.open_run_secrets(plan.run_id, sealed)
+    except ValueError as exc:
+        return f"{exc} Resume the run with its secrets."
+    if sorted(plan.secrets) != plan.secret_names:
+        return "The run's secrets did not reach its worker; resume it with them."
+    return ""
+
+
 class Engine:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -115,18 +128,22 @@ class Engine:
         self.gateway = None
         self.http: httpx.AsyncClient | None = None
         self.runs: dict[int, Future] = {}
+        self.runs_lock = threading.Lock()  # two deliveries of one run in this process chain, never overlap
         # This process's identity in run leases: made here, after any fork (a prefork pool's children
         # must not share one), with a nonce so that a restarted process under a reused pid differs.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
     # --- entry points (any thread) ----------------------------------------------------------------
 
-    def execute(self, run_id: int, *, wait: bool) -> None:
-        # A resume right after a cancel: the cancelled drive may still be ending its episodes here;
-        # the new one starts after it, so no episode is driven twice.
-        previous = self.runs.get(run_id)
-        future = asyncio.run_coroutine_threadsafe(self.drive(run_id, after=previous), self.loop)
-        self.runs[run_id] = future
+    def execute(self, run_id: int, *, sealed_secrets: str = "", wait: bool) -> None:
+        # A resume right after a cancel (or a second message for one run): the earlier drive may
+        # still be ending its episodes here; the new one starts after it, so no episode is driven
+        # twice. (Between processes, the run's lease does the same.)
+        with self.runs_lock:
+            previous = self.runs.get(run_id)
+            future = asyncio.run_coroutine_threadsafe(
+                self.drive(run_id, sealed_secrets=sealed_secrets, after=previous), self.loop)
+            self.runs[run_id] = future
         if wait:
             future.result()
 
@@ -161,15 +178,16 @@ class Engine:
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
                 follow_redirects=False)
 
-    async def drive(self, run_id: int, after: Future | None = None) -> None:
+    async def drive(self, run_id: int, *, sealed_secrets: str = "", after: Future | None = None) -> None:
         self._start()
         if after is not None and not after.done():
             await asyncio.wait([asyncio.wrap_future(after)])
         plan = await self.db(services.eval_run_claim, run_id=run_id, owner=self.owner)
         if plan is None:
             return  # ended, or driven by a live worker elsewhere
+        problem = _open_secrets(plan, sealed_secrets)
         try:
-            outcome = await self._drive(plan)
+            outcome = (EvalRun.Status.FAILED, problem) if problem else await self._drive(plan)
         except Exception as exc:
             log.exception("evaluation run %s failed", run_id)
             outcome = (EvalRun.Status.FAILED, f"The platform could not drive the run: {type(exc).__name__}: {exc}")
@@ -271,7 +289,7 @@ class Engine:
             body = {"agent": {"name": plan.agent_name, "tools": plan.agent_tools, "options": plan.agent_options},
                     "messages": [{"role": "user", "content": ors_blocks_to_aap(prompt)}],
                     "tools": ors_tools_to_aap(tools)}
-            turn = await client.create(body)
+            turn = await self._open_agent_session(client, body)
             aap_sid = turn.session_id
             state.turns = 1
             await self._turns(plan, live, client, aap_sid, turn, {t["name"] for t in tools}, state)
@@ -295,6 +313,34 @@ class Engine:
             await asyncio.shield(finish)
         except asyncio.CancelledError:
             await finish
+            raise
+
+    async def _open_agent_session(self, client: AapClient, body: dict) -> Turn:
+        """PUT /session. A cancel while it is in flight must not leave the agent's session open on
+        its server: the id arrives with session_start (stream modes) or with the reply ("none"), so
+        the cancel deletes the session at once if its id is known, else waits for it (at most a turn,
+        and at most ORS_EVAL_CANCEL_GRACE_SECONDS), then lets the cancel through."""
+        known: list[str] = []
+        told = asyncio.Event()
+
+        def on_session(session_id: str) -> None:
+            known.append(session_id)
+            told.set()
+
+        put = asyncio.ensure_future(client.create(body, on_session=on_session))
+        try:
+            return await asyncio.shield(put)
+        except asyncio.CancelledError:
+            if not put.done() and not told.is_set():
+                waiter = asyncio.ensure_future(told.wait())
+                await asyncio.wait([put, waiter], return_when=asyncio.FIRST_COMPLETED,
+                                   timeout=min(client.turn_timeout, settings.ORS_EVAL_CANCEL_GRACE_SECONDS))
+                waiter.cancel()
+            if put.done() and not put.cancelled() and put.exception() is None:
+                known.append(put.result().session_id or "")
+            put.cancel()
+            for session_id in dict.fromkeys(filter(None, known)):
+                await client.delete(session_id)
             raise
 
     async def _finish(self, plan: RunPlan, client: AapClient, aap_sid: str | None, sid: str, live,

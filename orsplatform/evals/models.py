@@ -68,9 +68,10 @@ class EvalRun(models.Model):
     turn_timeout = models.FloatField(null=True, blank=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     error = models.TextField(blank=True)
-    # Secrets for the environment, Fernet-encrypted while the run may still start episodes; wiped when
-    # it ends (a resume after that takes them again).
-    secrets_encrypted = models.TextField(blank=True)
+    # The names of the secrets the run was launched with, never their values: those travel only
+    # sealed inside the run's Celery message (evals/crypto.py) and live in the driving worker's
+    # memory, so a resume must be given them again.
+    secret_names = models.JSONField(default=list, blank=True)
     # Which worker drives the run and until when it vouches for it (a dead worker's lease lapses,
     # so a redelivered or resumed run is taken over, never driven twice).
     lease_owner = models.CharField(max_length=200, blank=True)

@@ -14,6 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from orsplatform.catalog.selectors import environment_resolve
+from orsplatform.celery import task
 from orsplatform.evals import aap, crypto
 from orsplatform.evals.models import Agent, EvalEpisode, EvalRun
 from orsplatform.teams.auth import Caller
@@ -74,15 +75,16 @@ def agent_remove(*, agent: Agent) -> None:
     agent.api_key_encrypted = ""
     agent.save(update_fields=["deleted_at", "api_key_encrypted"])
     EvalRun.objects.filter(agent=agent, status__in=(EvalRun.Status.QUEUED, EvalRun.Status.RUNNING)).update(
-        status=EvalRun.Status.CANCELLED, finished_at=timezone.now(), secrets_encrypted="")
+        status=EvalRun.Status.CANCELLED, finished_at=timezone.now())
 
 
 # --- runs --------------------------------------------------------------------------------------------
 
-def _enqueue(run_id: int) -> None:
-    from orsplatform.evals.tasks import run_eval
-
-    transaction.on_commit(lambda: run_eval.delay(run_id))
+def _enqueue(run_id: int, secrets: dict[str, str] | None) -> None:
+    # The secrets ride in the message, sealed to this run: the broker holds ciphertext, the
+    # database only their names, and a redelivered message (a worker died) still carries them.
+    sealed = crypto.seal_run_secrets(run_id, secrets)
+    transaction.on_commit(lambda: task("evals.run_eval").delay(run_id, sealed))
 
 
 def eval_run_launch(*, team: Team, agent: Agent, environment: str, split: str, start: int = 0,
@@ -116,11 +118,11 @@ def eval_run_launch(*, team: Team, agent: Agent, environment: str, split: str, s
         run = EvalRun.objects.create(
             team=team, agent=agent, environment_id=env.environment_id, version_id=env.version_id, split=split, start=start, stop=stop,
             concurrency=concurrency, max_turns=max_turns, pass_threshold=pass_threshold, turn_timeout=turn_timeout,
-            secrets_encrypted=crypto.encrypt_json(secrets or {}))
+            secret_names=sorted(secrets or {}))
         EvalEpisode.objects.bulk_create([EvalEpisode(run=run, task_index=i) for i in range(start, stop)],
                                         batch_size=2000)
         if enqueue:
-            _enqueue(run.id)
+            _enqueue(run.id, secrets)
     return run
 
 
@@ -134,7 +136,7 @@ def eval_run_cancel(*, run: EvalRun) -> EvalRun:
     """Stop a queued or running run. Its worker sees the status within a second, stops starting
     episodes, and ends the open ones (scored ones stay; the others go back to pending)."""
     updated = EvalRun.objects.filter(id=run.id, status__in=(EvalRun.Status.QUEUED, EvalRun.Status.RUNNING)).update(
-        status=EvalRun.Status.CANCELLED, finished_at=timezone.now(), secrets_encrypted="")
+        status=EvalRun.Status.CANCELLED, finished_at=timezone.now())
     if not updated:
         raise ValidationError(f"The run is {run.status}; only queued or running runs can be cancelled.")
     run.refresh_from_db()
@@ -147,25 +149,58 @@ def _lease_lapsed(run: EvalRun) -> bool:
 
 def eval_run_resume(*, run: EvalRun, secrets: dict[str, str] | None = None, enqueue: bool = True) -> EvalRun:
     """Run again only the episodes not yet scored. Allowed for a cancelled, failed or finished run,
-    and for a running one whose worker died (its lease lapsed)."""
+    for a running one whose worker died (its lease lapsed), and for a queued one (its message may be
+    lost: a second message is harmless, since only one worker at a time can claim the run). The
+    platform does not keep a run's secrets, so a run launched with some needs them again."""
     _check_secrets(secrets)
     if run.agent.deleted_at is not None:
         raise ValidationError("The run's agent was removed.")
-    if run.status == EvalRun.Status.QUEUED or (run.status == EvalRun.Status.RUNNING and not _lease_lapsed(run)):
+    if run.status == EvalRun.Status.RUNNING and not _lease_lapsed(run):
         raise ValidationError(f"The run is {run.status}; it will go on by itself.")
+    if secrets is None and run.secret_names:
+        raise ValidationError(f"The run was launched with secrets ({', '.join(run.secret_names)}); the platform does "
+                              "not keep them, so give them again to resume it.")
     with transaction.atomic():
-        fields = {"status": EvalRun.Status.QUEUED, "finished_at": None, "error": "", "lease_owner": "",
-                  "lease_until": None}
+        fields = {"status": EvalRun.Status.QUEUED, "finished_at": None, "error": ""}
         if secrets is not None:
-            fields["secrets_encrypted"] = crypto.encrypt_json(secrets)
-        EvalRun.objects.filter(id=run.id).update(**fields)
-        # A dead worker's open episodes: not scored, so run again.
-        EvalEpisode.objects.filter(run=run, status=EvalEpisode.Status.RUNNING).update(
-            status=EvalEpisode.Status.PENDING)
+            fields["secret_names"] = sorted(secrets)
+        # Conditional on what was checked above: a worker that claimed the run meanwhile keeps it.
+        claimable = ~Q(status=EvalRun.Status.RUNNING) | Q(lease_until__isnull=True) | Q(
+            lease_until__lt=timezone.now())
+        if not EvalRun.objects.filter(claimable, id=run.id).update(**fields):
+            raise ValidationError("The run is running; it will go on by itself.")
+        if run.status != EvalRun.Status.QUEUED:
+            # A dead worker's open episodes: not scored, so run again. (A queued run has none, and
+            # its worker may be claiming it right now.)
+            EvalEpisode.objects.filter(run=run, status=EvalEpisode.Status.RUNNING).update(
+                status=EvalEpisode.Status.PENDING)
         if enqueue:
-            _enqueue(run.id)
+            _enqueue(run.id, secrets)
     run.refresh_from_db()
     return run
+
+
+def eval_runs_resume_orphaned(*, limit: int = 100) -> tuple[int, int]:
+    """Runs whose driving worker died: running, with a lease lapsed for a whole lease more (a live
+    worker renews it every few seconds). Without secrets they are resumed (only their unscored
+    episodes run again); with secrets they fail with the reason, since the platform does not keep
+    secrets and only the team can give them again. Returns (resumed, failed)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.ORS_EVAL_LEASE_SECONDS)
+    resumed = failed = 0
+    for run in (EvalRun.objects.select_related("agent").filter(status=EvalRun.Status.RUNNING, lease_until__lt=cutoff)
+                .order_by("lease_until")[:limit]):
+        if run.secret_names or run.agent.deleted_at is not None:
+            reason = ("Its worker was lost, and the platform does not keep a run's secrets: resume it with them."
+                      if run.secret_names else "Its worker was lost, and its agent was removed.")
+            failed += EvalRun.objects.filter(id=run.id, status=EvalRun.Status.RUNNING, lease_until__lt=cutoff).update(
+                status=EvalRun.Status.FAILED, error=reason, finished_at=timezone.now(), lease_until=None)
+            continue
+        try:
+            eval_run_resume(run=run)
+        except ValidationError:
+            continue  # a worker took it meanwhile
+        resumed += 1
+    return resumed, failed
 
 
 # --- what the driving worker writes -----------------------------------------------------------------
@@ -189,6 +224,7 @@ class RunPlan:
     agent_options: dict
     agent_stream: str
     agent_tools: list[dict]
+    secret_names: list[str]
     api_key: str = field(repr=False, default="")
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
 
@@ -219,7 +255,7 @@ def eval_run_claim(*, run_id: int, owner: str) -> RunPlan | None:
         agent_url=agent.url, agent_name=agent.agent, agent_options=agent.options or {}, agent_stream=agent.stream,
         agent_tools=[{"name": t["name"], "trust": t["name"] in trusted}
                      for t in (agent.meta.get("tools") or []) if isinstance(t, dict) and t.get("name")],
-        api_key=crypto.decrypt(agent.api_key_encrypted), secrets=crypto.decrypt_json(run.secrets_encrypted),
+        secret_names=list(run.secret_names or []), api_key=crypto.decrypt(agent.api_key_encrypted),
     )
 
 
@@ -238,7 +274,7 @@ def eval_run_renew(*, run_id: int, owner: str) -> str:
 def eval_run_end(*, run_id: int, owner: str, status: str, error: str = "") -> None:
     """The driving worker is done with the run: finished (or failed); a cancel already ended it."""
     EvalRun.objects.filter(id=run_id, lease_owner=owner, status=EvalRun.Status.RUNNING).update(
-        status=status, error=error[:2000], finished_at=timezone.now(), lease_until=None, secrets_encrypted="")
+        status=status, error=error[:2000], finished_at=timezone.now(), lease_until=None)
     EvalRun.objects.filter(id=run_id, lease_owner=owner).update(lease_until=None)
 
 

@@ -6,10 +6,18 @@ from orsplatform.celery import app
 
 
 @app.task(name="evals.run_eval", acks_late=True)
-def run_eval(run_id: int) -> None:
+def run_eval(run_id: int, sealed_secrets: str = "") -> None:
     from orsplatform.evals.engine import engine
 
     # Eager (the embedded default, no broker): the caller is a web request or a shell; the run goes
     # on in this process's engine without holding it. A real worker waits, so its concurrency
-    # bounds the runs it drives and a lost worker's task is redelivered.
-    engine().execute(run_id, wait=not run_eval.request.is_eager)
+    # bounds the runs it drives and a lost worker's task is redelivered, secrets included.
+    engine().execute(run_id, sealed_secrets=sealed_secrets, wait=not run_eval.request.is_eager)
+
+
+@app.task(name="evals.resume_orphaned_runs")
+def resume_orphaned_runs() -> tuple[int, int]:
+    """Beat: a run whose worker died goes on elsewhere without anyone asking (services)."""
+    from orsplatform.evals.services import eval_runs_resume_orphaned
+
+    return eval_runs_resume_orphaned()

@@ -148,8 +148,11 @@ def run_cancel(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
 @require_POST
 def run_resume(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
     team_obj = _team(request, team)
+    run_obj = _run(team_obj, run_id)
+    # The run's secrets were not kept: the resume form asks for each of them again.
+    secrets = {name: request.POST.get(f"secret:{name}", "") for name in run_obj.secret_names} or None
     try:
-        services.eval_run_resume(run=_run(team_obj, run_id))
+        services.eval_run_resume(run=run_obj, secrets=secrets)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     return redirect("evals:run", team=team_obj.slug, run_id=run_id)

@@ -1,13 +1,19 @@
-"""Create (or update) the runner nodes' Redis ACL user: ``python -m orsplatform.runners.acl``.
+"""Create (or update) each runner node's own Redis ACL user:
 
-Reads REDIS_URL (an administrative user's), ORS_REDIS_PREFIX, RUNNER_REDIS_USER (default
-``ors-runner``) and RUNNER_REDIS_PASSWORD. Compose runs it after migrations; run it again after a
-Redis restart when Redis keeps no ACL file. No Django here.
+    python -m orsplatform.runners.acl runner-1@runner-1 runner-2@runner-2
+
+One argument per node, its Celery hostname (``--hostname``). The node's user is
+``ors-runner-<node>`` (the node name, before ``@``; node names must differ), with the rules of
+keys.runner_acl_rules for that hostname only, and the password in ``RUNNER_REDIS_PASSWORD_<NODE>``
+(upper case, other characters as ``_``: ``runner-1`` reads ``RUNNER_REDIS_PASSWORD_RUNNER_1``). Reads REDIS_URL (an administrative
+user's) and ORS_REDIS_PREFIX. Compose runs it after migrations; run it again after a Redis restart
+when Redis keeps no ACL file. No Django here.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import redis
@@ -15,19 +21,38 @@ import redis
 from orsplatform.runners.keys import runner_acl_rules
 
 
-def main() -> int:
-    password = os.environ.get("RUNNER_REDIS_PASSWORD", "")
-    if not password:
-        print("RUNNER_REDIS_PASSWORD is not set: runner nodes would share the platform's Redis user.",
+def node_name(hostname: str) -> str:
+    return hostname.partition("@")[0]
+
+
+def user_name(hostname: str) -> str:
+    return f"ors-runner-{node_name(hostname)}"
+
+
+def password_variable(hostname: str) -> str:
+    return "RUNNER_REDIS_PASSWORD_" + re.sub(r"[^A-Za-z0-9]", "_", node_name(hostname)).upper()
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    if len({password_variable(h) for h in argv}) < len(argv):
+        print("Two runner nodes have the same node name: each needs a user (and password) of its own.",
               file=sys.stderr)
+        return 2
+    missing = [password_variable(h) for h in argv if not os.environ.get(password_variable(h))]
+    if missing:
+        print(f"Not set: {', '.join(missing)} (each runner node needs a password of its own).", file=sys.stderr)
         return 1
-    user = os.environ.get("RUNNER_REDIS_USER", "ors-runner")
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
-    client.execute_command("ACL", "SETUSER", user, *runner_acl_rules(os.environ.get("ORS_REDIS_PREFIX", "ors"),
-                                                                      password))
-    print(f"Redis ACL user {user!r} set for the runner nodes.")
+    prefix = os.environ.get("ORS_REDIS_PREFIX", "ors")
+    for hostname in argv:
+        rules = runner_acl_rules(prefix, os.environ[password_variable(hostname)], hostname)
+        client.execute_command("ACL", "SETUSER", user_name(hostname), *rules)
+        print(f"Redis ACL user {user_name(hostname)!r} set for runner node {hostname}.")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -25,8 +25,14 @@ class Keys:
         # Sorted sets: member -> unix time of the last heartbeat / of the call's start.
         self.runners = f"{prefix}:runners"
         self.calls = f"{prefix}:running-calls"
-        # Channel every gateway listens on: session states (any gateway may await a setup).
-        self.sessions = f"{prefix}:sessions"
+        # Channels every gateway listens on (a pattern): session states, one channel per node that
+        # publishes them (any gateway may await a setup). Per node so that a node's ACL user may use
+        # its own channel only: Redis ACLs do not tell publishing from subscribing.
+        self.sessions_pattern = f"{prefix}:sessions:*"
+
+    def sessions(self, hostname: str) -> str:
+        """The channel a node (or the platform's beat, hostname "platform") announces session states on."""
+        return f"{self.prefix}:sessions:{hostname}"
 
     def runner(self, hostname: str) -> str:
         """A node's heartbeat (JSON: boot, sessions, team, pid), with a TTL of a few heartbeats."""
@@ -53,9 +59,13 @@ class Keys:
         """A team's open-session slots (sorted set: sid -> when a gateway last vouched for it)."""
         return f"{self.prefix}:slots:{team_id}"
 
-    def gateway(self, gateway: str) -> str:
-        """A gateway's own channel: replies and its calls' results."""
-        return f"{self.prefix}:gw:{gateway}"
+    def gateway(self, gateway: str, hostname: str) -> str:
+        """A gateway's own channel from one node: replies and its calls' results (the gateway listens
+        on gateway_pattern; a node may use only the channels that end in its own name)."""
+        return f"{self.prefix}:gw:{gateway}:{hostname}"
+
+    def gateway_pattern(self, gateway: str) -> str:
+        return f"{self.prefix}:gw:{gateway}:*"
 
 
 def runner_identity(hostname: str, boot: str) -> str:
@@ -86,13 +96,24 @@ def decode(raw: bytes | None) -> dict | None:
     return json.loads(raw) if raw else None
 
 
-def runner_acl_rules(prefix: str, password: str) -> list[str]:
-    """Redis ACL rules (ACL SETUSER <name> ...) for the runner nodes' own user: what a node's Celery
-    consumer and its replies need, and no more. No MONITOR, KEYS, SCAN, FLUSH*, CONFIG or ACL; session
-    records and call results are write-only (a node cannot read another node's sessions or results);
-    only the platform's channels. Queues are per node (`<hostname>.dq2`), which one ACL user for all
-    nodes cannot tell apart: a node can still read another node's queue, whose setup messages carry
-    secrets only sealed to their node (sealing.py)."""
+def _glob(text: str) -> str:
+    """`text` as a literal in a Redis ACL pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def runner_acl_rules(prefix: str, password: str, hostname: str) -> list[str]:
+    """Redis ACL rules (ACL SETUSER <name> ...) for one runner node's own user (runners/acl.py): what
+    that node's Celery consumer and its replies need, and no more.
+
+    - Its own queue (`<hostname>.dq2`) and heartbeat only: it cannot read, take or feed another
+      node's queue (nor a shared one: a node consumes nothing else, node.py).
+    - Session records and call results are write-only: it cannot read another session's record or
+      result, and their names (random ids) reach it only for its own sessions, because...
+    - ...it may publish (and so subscribe) only on channels that end in its own name: the gateways
+      listen on a pattern, so no node can listen to what another node tells them.
+    - No MONITOR, KEYS, SCAN, FLUSH*, CONFIG, ACL or CLIENT LIST, no remote control (pidbox).
+    The node index `{prefix}:runners` is shared (a sorted set of names, nothing secret)."""
+    own = _glob(hostname)
     return [
         "reset", "on", f">{password}", "resetkeys", "resetchannels", "-@all",
         # connection and transactions (pipelines), the broker's list and set operations, replies
@@ -104,12 +125,10 @@ def runner_acl_rules(prefix: str, password: str) -> list[str]:
         "+sadd", "+smembers", "+srem", "+sismember", "+scard",
         "+get", "+set", "+del", "+unlink", "+expire", "+pexpire", "+exists", "+mget",
         "+zadd", "+zrem", "+zremrangebyscore", "+zrangebyscore",
-        "+publish", "+subscribe", "+unsubscribe", "+psubscribe", "+punsubscribe",
-        f"~{prefix}:runner:*", f"~{prefix}:runners",
-        f"%W~{prefix}:state:*", f"%W~{prefix}:result:*",
-        # kombu suffixes priority queues: "<queue>\x06\x16<priority>" (and "<queue><n>")
-        "~*.dq2*", "~_kombu.binding*", "~ors-runners-unused*", "~*.celery.pidbox*",
-        f"&{prefix}:gw:*", f"&{prefix}:sessions",
-        # remote control's fanout, which kombu PSUBSCRIBEs to: ACLs match a pattern literally
-        *(f"&/{db}.celery.pidbox" for db in range(16)),
+        "+publish", "+subscribe", "+unsubscribe",
+        f"~{_glob(prefix)}:runner:{own}", f"~{_glob(prefix)}:runners",
+        f"%W~{_glob(prefix)}:state:*", f"%W~{_glob(prefix)}:result:*",
+        # kombu suffixes priority queues: "<queue>\x06\x16<priority>"; and its binding tables
+        f"~{own}.dq2*", "~_kombu.binding*",
+        f"&{_glob(prefix)}:gw:*:{own}", f"&{_glob(prefix)}:sessions:{own}",
     ]

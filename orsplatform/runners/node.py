@@ -5,12 +5,13 @@ Start one with ``celery -A orsplatform.runners.node worker --pool threads --conc
 settings, no SECRET_KEY, no database credentials. Gateways send it work on its own queue
 (``worker_direct``); it answers on Redis:
 
-- replies to a request are published on the requesting gateway's channel ``{prefix}:gw:{gateway}``;
+- replies to a request are published on the requesting gateway's channel from this node,
+  ``{prefix}:gw:{gateway}:{hostname}``;
 - a finished call's result is also kept under ``{prefix}:result:{task_id}`` (the durable hand-off:
   whoever records the audit row reads it from there, so a lost wake-up costs latency, not data);
 - a session's record lives under ``{prefix}:state:{sid}``: its setup state, its owner (so any
   gateway can serve it without a database read) and its initial prompt, and is broadcast to
-  every gateway when setup ends;
+  every gateway (on ``{prefix}:sessions:{hostname}``) when setup ends;
 - a heartbeat ``{prefix}:runner:{hostname}`` (with a short TTL) says the node is alive and how
   loaded it is; the sorted set ``{prefix}:runners`` lists the nodes (see keys.py).
 
@@ -33,7 +34,7 @@ from typing import Any
 import orjson
 import redis
 from celery import Celery, bootsteps
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession, WorkerLost
 from orsplatform.runners.inline import InlineExecutor
@@ -67,6 +68,9 @@ app.conf.update(
     # No unacked bookkeeping in Redis: it cost two extra round trips per message on the consumer
     # thread, and bought nothing here (acks are early, and a dead node's sessions are lost anyway).
     broker_transport_options={"ack_emulation": False},
+    # No remote control: nothing inspects runner nodes through Celery (the heartbeat says what they
+    # are), and its fanout would be one more channel a node's Redis user had to be allowed.
+    worker_enable_remote_control=False,
 )
 
 
@@ -101,7 +105,7 @@ class Node:
         for sid in lost:
             message = {"kind": "state", "sid": sid, "state": "lost", "error": reason}
             pipe.set(KEYS.state(sid), orjson.dumps({"state": "lost", "error": reason}), ex=STATE_TTL)
-            pipe.publish(KEYS.sessions, encode(message))
+            pipe.publish(KEYS.sessions(self.hostname), encode(message))
         try:
             pipe.execute()
         except redis.RedisError as exc:
@@ -112,7 +116,7 @@ class Node:
 
     def publish(self, gateway: str, message: dict[str, Any]) -> None:
         if gateway:
-            self.redis.publish(KEYS.gateway(gateway), encode(message))
+            self.redis.publish(KEYS.gateway(gateway, self.hostname), encode(message))
 
     def heartbeat_forever(self) -> None:
         while not self._stop.is_set():
@@ -151,6 +155,17 @@ def encode(message: dict[str, Any]) -> bytes:
     except (TypeError, orjson.JSONEncodeError) as exc:
         return orjson.dumps({"kind": message.get("kind"), "request": message.get("request"), "ok": False,
                              "error": f"The environment's answer is not valid JSON: {exc}"})
+
+
+@celeryd_after_setup.connect
+def _consume_only_the_nodes_queue(sender, instance, **kwargs) -> None:
+    """Only this node's own queue: the default queue Celery adds would be shared by every node, so
+    one node could feed the others work (and the ACL user of a node may touch no other queue)."""
+    queues = instance.app.amqp.queues
+    if app.conf.task_default_queue in queues.consume_from:
+        queues.deselect(app.conf.task_default_queue)
+    node.hostname = sender  # known before the first message is handled (worker_ready comes later)
+    node.identity = runner_identity(sender, node.boot)
 
 
 @worker_ready.connect
@@ -206,7 +221,7 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
         message.pop("prompt", None)
     pipe = node.redis.pipeline(transaction=False)
     pipe.set(KEYS.state(spec.sid), encoded, ex=STATE_TTL)
-    pipe.publish(KEYS.sessions, encode(message))
+    pipe.publish(KEYS.sessions(node.hostname), encode(message))
     pipe.execute()
     if state["state"] == "failed":  # nothing will run in it: free the node now, not at a /delete
         node.sessions.discard(spec.sid)
@@ -217,7 +232,7 @@ async def _setup_refused(sid: str, gateway: str, owner: dict, error: str) -> Non
     state = {**owner, "state": "failed", "error": error}
     pipe = node.redis.pipeline(transaction=False)
     pipe.set(KEYS.state(sid), orjson.dumps(state), ex=STATE_TTL)
-    pipe.publish(KEYS.sessions, encode({"kind": "state", "sid": sid, **state}))
+    pipe.publish(KEYS.sessions(node.hostname), encode({"kind": "state", "sid": sid, **state}))
     pipe.execute()
 
 
@@ -249,7 +264,7 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
     pipe = node.redis.pipeline(transaction=False)
     pipe.set(KEYS.result(task_id), encoded, ex=RESULT_TTL)
     if gateway:
-        pipe.publish(KEYS.gateway(gateway), encode(message))
+        pipe.publish(KEYS.gateway(gateway, node.hostname), encode(message))
     pipe.execute()
 
 

@@ -113,12 +113,13 @@ class CeleryExecutor(Executor):
         while True:
             pubsub = self.redis.pubsub()
             try:
-                # This gateway's own channel (replies, its calls) and the broadcast of session states,
-                # since a session's setup may be awaited by any gateway.
-                await pubsub.subscribe(self.keys.gateway(self.gateway), self.keys.sessions)
+                # This gateway's own channels (replies, its calls) and the broadcast of session states,
+                # since a session's setup may be awaited by any gateway; one channel of each per node
+                # (keys.runner_acl_rules), hence patterns.
+                await pubsub.psubscribe(self.keys.gateway_pattern(self.gateway), self.keys.sessions_pattern)
                 ready.set()
                 async for message in pubsub.listen():
-                    if message.get("type") == "message":
+                    if message.get("type") == "pmessage":
                         try:
                             self._dispatch(orjson.loads(message["data"]))
                         except Exception:  # one unreadable message must not cost the subscription

@@ -8,7 +8,8 @@ Agents (GET /meta): `solver` answers the bundled `math` tasks, correctly unless 
 `web_search`, then answers correctly; `silent` ends its turn without calling a tool; `looper`
 calls a tool that does not exist forever; and the faults: `http500`, `malformed` (data that is
 not JSON), `truncated` (the stream ends without turn_stop), `endless` (a stream that never ends),
-`slow` (never answers). `/v2/meta` claims protocol version 2. GET /_stats tells what the server saw
+`slow` (never answers), `sluggish` (the solver, taking a second over the first turn: after
+session_start in the stream modes, before the reply in "none"). `/v2/meta` claims protocol version 2. GET /_stats tells what the server saw
 (sessions open at once, deletes, permission decisions, Authorization headers).
 """
 
@@ -31,7 +32,8 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parents[2]
 MATH_DIR = ROOT / "envs" / "math"
 
-AGENTS = ["solver", "asker", "silent", "looper", "http500", "malformed", "truncated", "endless", "slow"]
+AGENTS = ["solver", "asker", "silent", "looper", "http500", "malformed", "truncated", "endless", "slow", "sluggish"]
+SLUGGISH_SECONDS = 1.0
 ALL_STREAMS = {"delta": {}, "message": {}, "none": {}}
 
 
@@ -114,7 +116,7 @@ def script(session: dict, messages: list[dict]) -> list[tuple[str, dict]]:
     name, question = session["agent"], session["question"]
     session["turns"] += 1
     call = f"call_{uuid.uuid4().hex[:8]}"
-    if name == "solver":
+    if name in ("solver", "sluggish"):
         if session["turns"] == 1:
             answer = ANSWERS.answer(question)
             if fails(question):
@@ -149,6 +151,8 @@ async def _sse(session: dict, events: list[tuple[str, dict]], mode: str, first: 
     name = session["agent"]
     if first:
         yield _frame("session_start", {"sessionId": session["id"]})
+        if name == "sluggish":
+            await asyncio.sleep(SLUGGISH_SECONDS)
     yield _frame("turn_start", {})
     if name == "malformed":
         yield b"event: text\ndata: {this is not json\n\n"
@@ -211,6 +215,8 @@ async def _turn(session: dict, body: dict, first: bool) -> Response:
     events = script(session, body.get("messages") or [])
     mode = body.get("stream") or "none"
     if mode == "none":
+        if name == "sluggish" and first:
+            await asyncio.sleep(SLUGGISH_SECONDS)
         return _json_reply(session, events, first)
     return StreamingResponse(_sse(session, events, mode, first), media_type="text/event-stream")
 

@@ -114,6 +114,37 @@ def test_secrets_reach_the_environment_and_are_stored_nowhere(owner, agents):
     assert run["status"] == "finished"
     calls = ToolCall.objects.filter(session__sid__in=[e["sid"] for e in run["episodes"]])
     assert [c.output["output"]["metadata"]["secrets_seen"] for c in calls] == [["TOKEN"], ["TOKEN"]]
-    assert EvalRun.objects.get(id=run["id"]).secrets_encrypted == ""  # wiped when the run ended
-    stored = str(list(EvalEpisode.objects.filter(run_id=run["id"]).values())) + str(list(calls.values()))
+    stored = (str(list(EvalRun.objects.filter(id=run["id"]).values())) + str(list(calls.values()))
+              + str(list(EvalEpisode.objects.filter(run_id=run["id"]).values())))
     assert "s3cr3t-value-1234" not in stored
+    assert EvalRun.objects.get(id=run["id"]).secret_names == ["TOKEN"]  # names only
+
+
+def test_a_run_with_secrets_resumes_only_when_given_them_again(owner, agents):
+    agent = register(owner, agents, "solver", "none")
+    # Long enough that the cancel lands while it runs, even on a fast machine.
+    run = launch(owner, agent["id"], stop=120, concurrency=2, secrets={"TOKEN": "s3cr3t-value-5678"})
+    wait_run(owner, run["id"], until=lambda r: r["done"] >= 2)
+    assert api(owner).post(f"/api/v1/eval-runs/{run['id']}/cancel").status_code == 200
+    wait_run(owner, run["id"], until=lambda r: r["running"] == 0, timeout=30)
+    r = api(owner).post(f"/api/v1/eval-runs/{run['id']}/resume", {}, format="json")
+    assert r.status_code == 400 and "TOKEN" in r.json()["detail"] and "s3cr3t" not in r.content.decode()
+    r = api(owner).post(f"/api/v1/eval-runs/{run['id']}/resume", {"secrets": {"TOKEN": "s3cr3t-value-5678"}},
+                        format="json")
+    assert r.status_code == 200, r.content
+    done = wait_run(owner, run["id"])
+    assert done["status"] == "finished" and done["done"] == 120 and done["errors"] == 0, done
+    calls = ToolCall.objects.filter(session__sid__in=[e["sid"] for e in done["episodes"]])
+    assert calls.count() == 120 and all(c.output["output"]["metadata"]["secrets_seen"] == ["TOKEN"] for c in calls)
+
+
+def test_sealed_secrets_open_only_for_their_run(settings):
+    from orsplatform.evals import crypto
+
+    sealed = crypto.seal_run_secrets(7, {"TOKEN": "s3cr3t-value-9"})
+    assert "s3cr3t" not in sealed and crypto.open_run_secrets(7, sealed) == {"TOKEN": "s3cr3t-value-9"}
+    with pytest.raises(ValueError, match="another run"):
+        crypto.open_run_secrets(8, sealed)
+    settings.ORS_AGENT_KEY_SECRET = "rotated"
+    with pytest.raises(ValueError, match="do not open"):
+        crypto.open_run_secrets(7, sealed)

@@ -59,17 +59,18 @@ class Command(BaseCommand):
             run = selectors.run_of_team(team=team, run_id=opts["watch"] or opts["resume"])
             if run is None:
                 raise CommandError("No such run in this team.")
-            return services.eval_run_resume(run=run) if opts["resume"] else run
+            if not opts["resume"]:
+                return run
+            return services.eval_run_resume(run=run, secrets=_secrets(opts))
         if not (opts["agent"] and opts["environment"]):
             raise CommandError("--agent and --environment are required to launch a run.")
         agent = selectors.agent_by_name(team=team, name=opts["agent"])
         if agent is None:
             raise CommandError(f"No agent {opts['agent']!r} in team {team.slug}.")
-        secrets = dict(s.split("=", 1) for s in opts["secret"] if "=" in s)
         return services.eval_run_launch(
             team=team, agent=agent, environment=opts["environment"], split=opts["split"], start=opts["start"],
             stop=opts["stop"], concurrency=opts["concurrency"], max_turns=opts["max_turns"],
-            turn_timeout=opts["turn_timeout"], secrets=secrets or None)
+            turn_timeout=opts["turn_timeout"], secrets=_secrets(opts))
 
     def _watch(self, team: Team, run_id: int) -> None:
         started = time.monotonic()
@@ -90,3 +91,8 @@ class Command(BaseCommand):
             lo, hi = n["pass_rate_interval"]
             self.stdout.write(f"pass rate {n['pass_rate']:.3f} [{lo:.3f}, {hi:.3f}] · mean reward "
                               f"{n['mean_reward']:.3f} · status {run.status}{': ' + run.error if run.error else ''}")
+
+
+def _secrets(opts: dict) -> dict[str, str] | None:
+    """--secret NAME=VALUE options (a resume needs them again: the platform does not keep them)."""
+    return dict(s.split("=", 1) for s in opts["secret"] if "=" in s) or None
