@@ -73,7 +73,8 @@ class EvalRun(models.Model):
     # memory, so a resume must be given them again.
     secret_names = models.JSONField(default=list, blank=True)
     # Which worker drives the run and until when it vouches for it (a dead worker's lease lapses,
-    # so a redelivered or resumed run is taken over, never driven twice).
+    # so a redelivered or resumed run is taken over, never driven twice). On a queued run with no
+    # owner, until when its Celery message is expected to be taken (a resume waits that out).
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

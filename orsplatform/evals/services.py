@@ -4,7 +4,7 @@ a Celery worker; these functions are what it (and the API, pages and command) ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -80,6 +80,13 @@ def agent_remove(*, agent: Agent) -> None:
 
 # --- runs --------------------------------------------------------------------------------------------
 
+def _message_lease() -> datetime:
+    """How long a queued run's message vouches for it: until then a worker is expected to claim it
+    (a second resume is refused as a double click); after it, the message may be lost and a resume
+    sends another (harmless: only one worker at a time can claim a run)."""
+    return timezone.now() + timedelta(seconds=settings.ORS_EVAL_LEASE_SECONDS)
+
+
 def _enqueue(run_id: int, secrets: dict[str, str] | None) -> None:
     # The secrets ride in the message, sealed to this run: the broker holds ciphertext, the
     # database only their names, and a redelivered message (a worker died) still carries them.
@@ -118,7 +125,7 @@ def eval_run_launch(*, team: Team, agent: Agent, environment: str, split: str, s
         run = EvalRun.objects.create(
             team=team, agent=agent, environment_id=env.environment_id, version_id=env.version_id, split=split, start=start, stop=stop,
             concurrency=concurrency, max_turns=max_turns, pass_threshold=pass_threshold, turn_timeout=turn_timeout,
-            secret_names=sorted(secrets or {}))
+            secret_names=sorted(secrets or {}), lease_until=_message_lease() if enqueue else None)
         EvalEpisode.objects.bulk_create([EvalEpisode(run=run, task_index=i) for i in range(start, stop)],
                                         batch_size=2000)
         if enqueue:
@@ -149,26 +156,31 @@ def _lease_lapsed(run: EvalRun) -> bool:
 
 def eval_run_resume(*, run: EvalRun, secrets: dict[str, str] | None = None, enqueue: bool = True) -> EvalRun:
     """Run again only the episodes not yet scored. Allowed for a cancelled, failed or finished run,
-    for a running one whose worker died (its lease lapsed), and for a queued one (its message may be
-    lost: a second message is harmless, since only one worker at a time can claim the run). The
+    for a running one whose worker died (its lease lapsed), and for a queued one that no worker took
+    within a lease (its message may be lost: a second message is harmless, since only one worker at
+    a time can claim the run; within the lease, a second resume is a double click and refused). The
     platform does not keep a run's secrets, so a run launched with some needs them again."""
     _check_secrets(secrets)
     if run.agent.deleted_at is not None:
         raise ValidationError("The run's agent was removed.")
     if run.status == EvalRun.Status.RUNNING and not _lease_lapsed(run):
         raise ValidationError(f"The run is {run.status}; it will go on by itself.")
+    if run.status == EvalRun.Status.QUEUED and not _lease_lapsed(run):
+        raise ValidationError("The run is queued; it starts as soon as a worker takes it.")
     if secrets is None and run.secret_names:
         raise ValidationError(f"The run was launched with secrets ({', '.join(run.secret_names)}); the platform does "
                               "not keep them, so give them again to resume it.")
     with transaction.atomic():
-        fields = {"status": EvalRun.Status.QUEUED, "finished_at": None, "error": ""}
+        fields = {"status": EvalRun.Status.QUEUED, "finished_at": None, "error": "", "lease_owner": "",
+                  "lease_until": _message_lease() if enqueue else None}
         if secrets is not None:
             fields["secret_names"] = sorted(secrets)
         # Conditional on what was checked above: a worker that claimed the run meanwhile keeps it.
-        claimable = ~Q(status=EvalRun.Status.RUNNING) | Q(lease_until__isnull=True) | Q(
+        # A queued run is resumed once per lapsed message lease (two resumes at once: one wins).
+        claimable = ~Q(status__in=(EvalRun.Status.RUNNING, EvalRun.Status.QUEUED)) | Q(lease_until__isnull=True) | Q(
             lease_until__lt=timezone.now())
         if not EvalRun.objects.filter(claimable, id=run.id).update(**fields):
-            raise ValidationError("The run is running; it will go on by itself.")
+            raise ValidationError(f"The run is {run.status}; it will go on by itself.")
         if run.status != EvalRun.Status.QUEUED:
             # A dead worker's open episodes: not scored, so run again. (A queued run has none, and
             # its worker may be claiming it right now.)

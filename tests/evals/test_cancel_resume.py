@@ -68,6 +68,9 @@ def test_a_queued_run_whose_message_was_lost_resumes_once(owner, agents):
     assert EvalRun.objects.get(id=run.id).status == "queued"
     r = api(owner).post(f"/api/v1/eval-runs/{run.id}/resume", {}, format="json")
     assert r.status_code == 200, r.content
+    # Its new message vouches for it now (or a worker already took it): a second click is refused.
+    again = api(owner).post(f"/api/v1/eval-runs/{run.id}/resume", {}, format="json")
+    assert again.status_code == 400 and "it" in again.json()["detail"]
     done = wait_run(owner, run.id)
     assert done["status"] == "finished" and done["done"] == 8
     assert agents.stats()["created"] == 8 and agents.stats()["max_open"] <= 2
