@@ -42,7 +42,7 @@ MAX_PARAM_LENGTH = 200
 # from datetime's year-1 and year-9999 overflow.
 MIN_YEAR, MAX_YEAR = 1970, 2999
 WINDOW_PARAMS = ("range", "start", "end")
-SESSION_PARAMS = ("environment", "version", "api_key", "status", "outcome", "split", "task", "q",
+SESSION_PARAMS = ("environment", "version", "api_key", "protocol", "status", "outcome", "split", "task", "q",
                   "reward_min", "reward_max")
 ENDED_STATUSES = ("deleted", "expired", "lost")
 # How an episode ended (or where it is), from its status and finished flag: an ended episode whose
@@ -116,6 +116,7 @@ class SessionFilters:
     environment: Environment | None = None
     version: EnvironmentVersion | None = None
     api_key: ApiKey | None = None
+    protocol: str | None = None  # the face that opened the episode (Session.Protocol)
     status: str | None = None
     outcome: str | None = None
     split: str | None = None
@@ -139,6 +140,8 @@ class SessionFilters:
             qs = qs.filter(version=self.version)
         if self.api_key is not None:
             qs = qs.filter(api_key=self.api_key)
+        if self.protocol:
+            qs = qs.filter(protocol=self.protocol)
         if self.status:
             qs = qs.filter(status=self.status)
         if self.outcome:
@@ -283,6 +286,9 @@ def parse_session_filters(params: Mapping[str, str], *, team: Team, now: datetim
         api_key = ApiKey.objects.filter(team=team, prefix=raw["api_key"]).first()
         if api_key is None:
             errors.append(f"Unknown API key {raw['api_key']!r}: give the prefix of one of your team's keys.")
+    protocol = raw["protocol"] or None
+    if protocol and protocol not in Session.Protocol.values:
+        errors.append(f"Unknown protocol {protocol!r}: choose one of {', '.join(Session.Protocol.values)}.")
     status = raw["status"] or None
     if status and status not in Session.Status.values:
         errors.append(f"Unknown status {status!r}: choose one of {', '.join(Session.Status.values)}.")
@@ -302,7 +308,7 @@ def parse_session_filters(params: Mapping[str, str], *, team: Team, now: datetim
     if errors:
         raise ValidationError(errors)
     return SessionFilters(
-        window=window, environment=environment, version=version, api_key=api_key, status=status,
+        window=window, environment=environment, version=version, api_key=api_key, protocol=protocol, status=status,
         outcome=outcome, split=raw["split"] or None, task_index=task_index,
         text=raw["q"] or None, reward_min=reward_min, reward_max=reward_max, raw={k: v for k, v in raw.items() if v},
     )

@@ -501,6 +501,7 @@ def session_row(session: Session, live: dict[str, Any] | None = None) -> dict[st
         "environment": session.environment.full_name,
         "version": session.version.number,
         "api_key": ({"name": session.api_key.name, "prefix": session.api_key.prefix} if session.api_key_id else None),
+        "protocol": session.protocol,
         "status": session.status,
         "outcome": outcome_of(session.status, session.finished),
         "split": session.split,

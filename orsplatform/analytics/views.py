@@ -24,6 +24,7 @@ from orsplatform.analytics.filters import (
     parse_session_filters,
 )
 from orsplatform.analytics.services import rollup_nudge
+from orsplatform.episodes.models import Session
 from orsplatform.teams.models import Team
 from orsplatform.teams.selectors import team_for_user, teams_for_user
 
@@ -197,7 +198,7 @@ def _sort_links(request: HttpRequest, query: dict[str, str], sort: str) -> dict[
 def sessions(request: HttpRequest, team: str) -> HttpResponse:
     team_obj = _team(request, team)
     context: dict[str, Any] = {
-        "team": team_obj, "tab": "sessions", "outcomes": list(OUTCOMES),
+        "team": team_obj, "tab": "sessions", "outcomes": list(OUTCOMES), "protocols": Session.Protocol.values,
         "environments": selectors.environments_for_team(team=team_obj),
         "api_keys": list(team_obj.api_keys.order_by("name")),
         "form": {name: request.GET.get(name, "")[:200] for name in SESSION_PARAMS},

@@ -128,6 +128,17 @@ async def test_openenv_sessions_appear_in_the_explorer_api_and_the_exports_with_
     sid = reset["observation"]["metadata"]["session_id"]
     listed = await client.get("/api/v1/analytics/sessions", headers=owner.headers)
     assert listed.status_code == 200 and [s["sid"] for s in listed.json()["sessions"]] == [sid]
+    assert listed.json()["sessions"][0]["protocol"] == "openenv"
+    # The explorer filters by protocol, and says which ones there are when given another.
+    only = await client.get("/api/v1/analytics/sessions?protocol=openenv", headers=owner.headers)
+    assert [s["sid"] for s in only.json()["sessions"]] == [sid]
+    other = await client.get("/api/v1/analytics/sessions?protocol=ors", headers=owner.headers)
+    assert other.status_code == 200 and other.json()["sessions"] == []
+    bad = await client.get("/api/v1/analytics/sessions?protocol=gopher", headers=owner.headers)
+    assert bad.status_code == 400 and "openenv" in str(bad.json()["detail"])
+    page = await sync_to_async(_explorer_page)(owner, "?protocol=openenv")
+    assert page.status_code == 200
+    assert sid[:15] in page.content.decode() and "<td>openenv</td>" in page.content.decode()
     trajectory = await client.get(f"/api/v1/analytics/sessions/{sid}", headers=owner.headers)
     assert trajectory.status_code == 200 and sid in trajectory.text
     detail = await client.get(f"/api/v1/sessions/{sid}", headers=owner.headers)
@@ -135,3 +146,13 @@ async def test_openenv_sessions_appear_in_the_explorer_api_and_the_exports_with_
     export = await client.get("/api/v1/analytics/export.jsonl", headers=owner.headers)
     rows = [line for line in export.text.splitlines() if sid in line]
     assert len(rows) == 1 and '"protocol":"openenv"' in rows[0].replace(" ", "")
+
+
+def _explorer_page(person, query: str):
+    """The session explorer as the team's owner sees it in a browser session."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(get_user_model().objects.get(username=person.username))
+    return browser.get(f"/analytics/{person.team.slug}/sessions/{query}")
