@@ -359,18 +359,11 @@ class EpisodeGateway:
             # For the session explorer and exports; off the request's path (the answer does not wait).
             live.prompt_recorded = True
             audit = self.executor.prompt_audit(live.sid)
-            audit = storable(audit if audit is not None else redact(blocks, live.secrets))
-            if self.executor.shared:  # other gateways may end the session: written now
-                self.spawn(self._record_prompt(live.pk, audit))
-            else:  # written with the session's end (or the activity flush): no statement of its own
-                live.prompt_unwritten = audit
+            # Written with the session's end (or the activity flush): no statement of its own. With
+            # a shared executor another gateway may end the session; it writes the initial prompt
+            # from the session's record (end_session), so the explorer has it either way.
+            live.prompt_unwritten = storable(audit if audit is not None else redact(blocks, live.secrets))
         return blocks
-
-    async def _record_prompt(self, pk: int, blocks: list[dict]) -> None:
-        try:
-            await self.store.session_record_prompt(pk, blocks)
-        except Exception as exc:
-            log.warning("could not record the prompt of session %s: %s", pk, exc)
 
     async def tools(self, live: LiveSession) -> list[dict]:
         """The session's tools: the environment's shared ones and the task's own."""
@@ -407,11 +400,15 @@ class EpisodeGateway:
         live.deleted = True  # no new request for it from here on
         # With a shared executor other gateways may have served calls: totals come from the audit log.
         totals = None if self.executor.shared else live.totals()
+        prompt = live.prompt_unwritten
+        if prompt is None and self.executor.shared:
+            # The initial prompt as the runner recorded it at setup (kept only where none is yet).
+            recorded = await self.executor.recorded_prompt(live.sid)
+            prompt = storable(recorded) if recorded is not None else None
         try:
             # The row first: while the database is down the request fails (503) and the session is
             # left as it was (instance included), so the client's retried delete finds it intact.
-            await self.store.session_end(live.pk, status, live.last_activity_at(), totals, live.ready_at,
-                                         live.prompt_unwritten)
+            await self.store.session_end(live.pk, status, live.last_activity_at(), totals, live.ready_at, prompt)
         except BaseException:
             live.deleted = False
             raise

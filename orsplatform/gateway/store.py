@@ -304,9 +304,6 @@ class Store:
     async def session_create(self, **kwargs: Any) -> int:
         return await self.writes.submit(SESSION_CREATE, **kwargs)
 
-    async def session_record_prompt(self, pk: int, blocks: list[dict]) -> None:
-        await self.writes.submit(SESSION_RECORD_PROMPT, pk=pk, blocks=blocks)
-
     async def session_discard(self, pk: int) -> None:
         await self.writes.submit(episode_services.session_discard, pk=pk)
 
@@ -329,9 +326,9 @@ class Store:
                              prompts: dict[int, list[dict]] | None = None) -> None:
         if activity:
             await self.writes.submit(episode_services.sessions_touch, activity=activity)
-        if prompts:
-            await self.writes.submit(episode_services.sessions_record_prompt,
-                                     rows=[{"pk": pk, "blocks": blocks} for pk, blocks in prompts.items()])
+        if prompts:  # one statement for all of them (the batcher groups a hot write's rows)
+            await asyncio.gather(*[self.writes.submit(SESSION_RECORD_PROMPT, pk=pk, blocks=blocks)
+                                   for pk, blocks in prompts.items()])
         last_used = key_cache.drain_last_used()
         if last_used:
             await self.writes.submit(api_keys_touch, last_used=last_used)

@@ -94,6 +94,11 @@ class Executor(ABC):
         the gateway has, if any)."""
         return None
 
+    async def recorded_prompt(self, sid: str) -> list[dict] | None:
+        """The initial prompt a shared executor recorded for the session when its setup ended,
+        stripped of the session's secret values (None: none recorded, or not a shared executor)."""
+        return None
+
     @abstractmethod
     async def start(self, spec: SessionSpec, runner: str = "") -> None:
         """Begin creating the instance and running setup() in the background; return at once."""

@@ -379,6 +379,14 @@ class CeleryExecutor(Executor):
         record = self._records.get(sid)
         return record.get("prompt_audit") if record is not None else None
 
+    async def recorded_prompt(self, sid: str) -> list[dict] | None:
+        record = self._records.get(sid)
+        if record is not None and record.get("state") == "ready" and "prompt" not in record:
+            record = await self._state(sid)  # a big prompt stays out of the broadcast
+        if record is None:
+            return None
+        return record.get("prompt_audit", record.get("prompt"))
+
     async def task_tools(self, sid: str) -> list[dict]:
         return await self._request("runners.node.task_tools", sid)
 

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import secrets
+import socket
 import time
 from pathlib import Path
 
@@ -204,10 +205,15 @@ async def test_team_b_reads_nothing_of_the_platform_or_of_team_a(sbx, owner, out
             assert got["ok"] is False, (path, got)
         assert (await attempt(sbx, outsider, sid, "write", "/tmp/mine"))["ok"] is True
 
-        # Network: Redis, PostgreSQL, the gateway itself, the outside world.
-        for target in ("127.0.0.1:6379", "127.0.0.1:5432", "127.0.0.1:8000", "1.1.1.1:53"):
-            got = await attempt(sbx, outsider, sid, "connect", target)
-            assert got["ok"] is False, (target, got)
+        # Network: Redis, PostgreSQL, the outside world, and a port this test holds open (reachable
+        # from the host's network, so only the sandbox's own network namespace refuses it).
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            for target in ("127.0.0.1:6379", "127.0.0.1:5432", "1.1.1.1:53",
+                           f"127.0.0.1:{listener.getsockname()[1]}"):
+                got = await attempt(sbx, outsider, sid, "connect", target)
+                assert got["ok"] is False, (target, got)
 
         # Memory: its own canary is found (the search works), team A's never.
         found = (await attempt(sbx, outsider, sid, "scan"))["value"]
@@ -271,14 +277,27 @@ async def test_a_fork_bomb_is_bounded_and_its_children_end_with_the_worker(sbx, 
                    what="the worker and its forked children to end")
 
 
-async def test_a_setsid_child_does_not_outlive_its_session(sbx, sandbox_app, outsider, hostile):
-    sid = await open_session(sbx, outsider, HOSTILE)
-    mark = f"{4000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
-    got = await attempt(sbx, outsider, sid, "setsid", mark)
-    assert got["ok"] is True
-    await wait_for(lambda: _host_processes(f"sleep {mark}"), timeout=10, what="the child to start")
-    await sbx.post("/delete", headers=sid_headers(outsider, sid))
-    await wait_for(lambda: not _host_processes(f"sleep {mark}"), timeout=30, what="the setsid child to end")
+async def test_a_setsid_child_does_not_outlive_its_session(live_db, outsider, hostile):
+    # Workers idle for ten minutes before they retire here: the child must end with its session,
+    # not with its worker.
+    config = dataclasses.replace(SandboxConfig.from_django(threads=8), idle_seconds=600.0)
+    app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
+    transport = httpx.ASGITransport(app=build_application(app))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as client:
+            sid = await open_session(client, outsider, HOSTILE)
+            mark = f"{4000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
+            got = await attempt(client, outsider, sid, "setsid", mark)
+            assert got["ok"] is True
+            await wait_for(lambda: _host_processes(f"sleep {mark}"), timeout=10, what="the child to start")
+            workers = [w.proc.pid for w in app.gateway.executor.pool.workers()]
+            await client.post("/delete", headers=sid_headers(outsider, sid))
+            await wait_for(lambda: not _host_processes(f"sleep {mark}"), timeout=10, what="the setsid child to end")
+            # ...while its worker lives on for the next session of the pair.
+            assert [w.proc.pid for w in app.gateway.executor.pool.workers()] == workers
+            assert all(w.alive for w in app.gateway.executor.pool.workers())
+    finally:
+        await app.shutdown()
 
 
 async def test_a_sync_sleep_in_an_async_tool_freezes_only_its_own_worker(sbx, owner, outsider, hostile, probe_a):

@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import socket
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +23,7 @@ from tests.runners.hostile import write_hostile
 
 pytestmark = pytest.mark.e2e
 HOSTILE = "globex/hostile"
+ALLOWED_ENV = {"PATH", "HOME", "LANG", "TMPDIR", "MALLOC_ARENA_MAX", "PWD"}
 
 
 def canary() -> str:
@@ -154,3 +157,124 @@ def test_on_a_runner_node_runaway_tools_and_forks_stay_in_their_worker(cluster, 
     for n in range(2):  # the node, and team A's sessions on it, carry on
         team_a_episode(base, owner, published, canary(), n)
     assert cluster.heartbeat_pid(runner) == runner_pid
+
+
+class TeamAThread:
+    """Team A's episodes on the same runner node, run continuously in a thread beside the attack,
+    each with a canary secret and every answer and reward checked."""
+
+    def __init__(self, base: str, owner, env: str) -> None:
+        self.base, self.owner, self.env = base, owner, env
+        self.episodes, self.failures, self.canaries = 0, [], []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            secret = canary()
+            self.canaries.append(secret)
+            try:
+                team_a_episode(self.base, self.owner, self.env, secret, n)
+                self.episodes += 1
+            except Exception as exc:  # noqa: BLE001 - every failure is reported by check()
+                self.failures.append(f"episode {n}: {type(exc).__name__}: {exc}")
+            n += 1
+
+    def __enter__(self) -> TeamAThread:
+        self._thread.start()
+        wait_until(lambda: self.episodes >= 1 or self.failures, 60, "team A's first episode")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def check(self, at_least: int) -> None:
+        wait_until(lambda: self.episodes >= at_least or self.failures, 60, f"{at_least} episodes of team A")
+        assert not self.failures, self.failures
+
+
+def test_on_a_runner_node_team_b_reads_writes_and_reaches_nothing_while_team_a_scores(
+        cluster, server_factory, owner, outsider, published):
+    from django.conf import settings as django_settings
+
+    from orsplatform.catalog.models import EnvironmentVersion
+
+    runner = cluster.start_runner()
+    gateway = server_factory(**cluster.env())
+    base = gateway.url
+    runner_pid = cluster.heartbeat_pid(runner)
+    a_package = EnvironmentVersion.objects.get(environment__slug="probe").package_path
+    listener = socket.socket()  # a port this test owns: reachable from the host's network, not from B's
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    try:
+        with TeamAThread(base, owner, published) as team_a:
+            b_canary = canary()
+            sid = open_session(base, outsider, HOSTILE, b_canary)
+            # What import, __init__ and setup saw (the prompt reports it).
+            prompt = httpx.get(f"{base}/{HOSTILE}/prompt", headers={**outsider.headers, "X-Session-ID": sid},
+                               timeout=30).json()
+            seen = json.loads(prompt[0]["text"])
+            for stage in ("import", "init", "setup"):
+                assert set(seen[stage]["environ"]) <= ALLOWED_ENV, seen[stage]["environ"]
+
+            # Other processes: only the sandbox's own; not the node's command line nor its environment.
+            procs = attempt(base, outsider, sid, "proc")["value"]
+            assert len(procs) <= 3, procs.keys()
+            assert cluster.redis_url not in json.dumps(procs) and cluster.prefix not in json.dumps(procs)
+            for what in ("environ", "cmdline"):
+                got = attempt(base, outsider, sid, "read", f"/proc/{runner_pid}/{what}")
+                assert got["ok"] is False or (cluster.prefix not in got["value"] and runner not in got["value"]), got
+
+            # Files: the platform's tree and settings, var/, the packages, team A's code.
+            for path in (str(django_settings.BASE_DIR / "orsplatform" / "settings.py"), str(django_settings.BASE_DIR),
+                         str(django_settings.VAR_DIR), str(django_settings.ORS_PACKAGE_DIR), a_package,
+                         str(Path(a_package) / "env.py")):
+                got = attempt(base, outsider, sid, "read", path)
+                assert got["ok"] is False, (path, got)
+                listed = attempt(base, outsider, sid, "listdir", path)
+                assert listed["ok"] is False or set(listed["value"]) <= {".venv"}, (path, listed)
+            for path in ("/ors/env/env.py", str(Path(a_package) / "env.py"), "/usr/owned", "/owned"):
+                assert attempt(base, outsider, sid, "write", path)["ok"] is False, path
+            assert attempt(base, outsider, sid, "write", "/tmp/mine")["ok"] is True
+
+            # Network: Redis, PostgreSQL, the gateway, a port of the host's that is surely open.
+            gateway_port = base.rsplit(":", 1)[1]
+            for target in ("127.0.0.1:6379", "127.0.0.1:5432", f"127.0.0.1:{gateway_port}",
+                           f"127.0.0.1:{listener.getsockname()[1]}"):
+                assert attempt(base, outsider, sid, "connect", target)["ok"] is False, target
+
+            # Monkeypatching reaches only B's own worker: team A's rewards stay 0.5 (checked per call).
+            patched = attempt(base, outsider, sid, "patch")["value"]
+            assert patched["executors"] == [] and patched["platform_modules"] == []
+            assert patched["import"]["ok"] is False
+
+            # Memory: B finds its own canary (the search works), never one of team A's.
+            found = attempt(base, outsider, sid, "scan")["value"]
+            assert b_canary in found and not set(found) & set(team_a.canaries), found
+
+            # A setsid child ends with B's session, not whenever the worker retires.
+            mark = f"{5000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
+            assert attempt(base, outsider, sid, "setsid", mark)["ok"] is True
+            wait_until(lambda: _host_processes(f"sleep {mark}"), 10, "B's child to start")
+            httpx.post(f"{base}/delete", headers={**outsider.headers, "X-Session-ID": sid})
+            wait_until(lambda: not _host_processes(f"sleep {mark}"), 10, "B's setsid child to end")
+            team_a.check(at_least=team_a.episodes + 2)
+    finally:
+        listener.close()
+    assert cluster.heartbeat_pid(runner) == runner_pid
+
+
+def _host_processes(needle: str) -> list[int]:
+    """Pids of this machine's processes whose command line contains `needle`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found

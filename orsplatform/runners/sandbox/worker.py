@@ -31,6 +31,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import os
+import signal
 import struct
 import sys
 import threading
@@ -392,6 +393,31 @@ class Host:
                 await self.run(live.instance.teardown)
             except Exception:
                 pass  # nothing to report to: the session is over
+        if not self.live:
+            end_strays()
+
+
+def end_strays() -> None:
+    """Kill what sessions left running once none is left: in the sandbox's own pid namespace every
+    process but its init (bubblewrap's, pid 1) and this worker is such a leftover (a `setsid`
+    child, a daemon), so none outlives the sessions that could have started it, even while the
+    worker itself is kept for the next session. Outside a sandbox (ORS_SANDBOX=none) /proc is the
+    host's, and nothing is touched."""
+    try:
+        with open("/proc/1/cmdline", "rb") as f:
+            if b"bwrap" not in f.read():
+                return
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    me = os.getpid()
+    for pid in pids:
+        if pid not in (1, me):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):  # its own children: reaped, not left as zombies
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
 
 
 class SetupError(Exception):
