@@ -216,7 +216,7 @@ class AapClient:
         try:
             async with asyncio.timeout(self.turn_timeout):
                 if self.stream == "none":
-                    return await self._json_turn(method, path, body)
+                    return await self._json_turn(method, path, body, on_session)
                 return await self._sse_turn(method, path, body, on_session)
         except TimeoutError:
             raise AapError(f"Agent timed out: the turn did not end within {self.turn_timeout:g} s.") from None
@@ -225,7 +225,8 @@ class AapClient:
         except httpx.HTTPError as exc:
             raise AapError(f"Agent unreachable: {type(exc).__name__}: {_brief(str(exc))}") from None
 
-    async def _json_turn(self, method: str, path: str, body: dict) -> Turn:
+    async def _json_turn(self, method: str, path: str, body: dict,
+                         on_session: Callable[[str], None] | None = None) -> Turn:
         response = await self.http.request(method, _endpoint(self.url, path), json=body, headers=self.headers)
         if response.status_code >= 400:
             raise AapError(f"Agent answered HTTP {response.status_code}: {_brief(response.text)}")
@@ -233,6 +234,9 @@ class AapClient:
             data = response.json()
         except ValueError:
             raise AapError(f"Malformed reply: not JSON: {_brief(response.text)}") from None
+        if isinstance(data, dict) and on_session is not None and isinstance(data.get("sessionId"), str) \
+                and data["sessionId"]:
+            on_session(data["sessionId"])  # told before the rest is checked: a malformed reply's session is deleted too
         if not isinstance(data, dict) or not isinstance(data.get("messages", []), list):
             raise AapError("Malformed reply: expected an object with stopReason and messages.")
         turn = Turn(stop_reason=_stop_reason(data.get("stopReason")), session_id=data.get("sessionId"))

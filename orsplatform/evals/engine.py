@@ -280,6 +280,7 @@ class Engine:
         state = EpisodeState(task_index=index, sid=sid)
         live = None
         aap_sid: str | None = None
+        told: list[str] = []  # the agent session's id as soon as the agent tells it, even if its turn then fails
         try:
             await self.db(services.eval_episode_start, run_id=plan.run_id, task_index=index, sid=sid)
             live = await self._create(plan, env, sid, index)
@@ -289,7 +290,7 @@ class Engine:
             body = {"agent": {"name": plan.agent_name, "tools": plan.agent_tools, "options": plan.agent_options},
                     "messages": [{"role": "user", "content": ors_blocks_to_aap(prompt)}],
                     "tools": ors_tools_to_aap(tools)}
-            turn = await self._open_agent_session(client, body)
+            turn = await self._open_agent_session(client, body, told)
             aap_sid = turn.session_id
             state.turns = 1
             await self._turns(plan, live, client, aap_sid, turn, {t["name"] for t in tools}, state)
@@ -305,6 +306,9 @@ class Engine:
         except Exception as exc:
             log.exception("episode %s of run %s failed in the platform", index, plan.run_id)
             state.stop_reason, state.error = "error", f"Platform: {type(exc).__name__}: {exc}"
+        # A PUT /session that failed after the agent told the session's id (session_start, then a
+        # malformed or endless stream): the session exists on its server and is deleted too.
+        aap_sid = aap_sid or next(iter(told), None)
         # The episode has its result: a cancel from here on must not lose it (nor leave the
         # session open), so clean-up and scoring finish whatever happens to this task.
         finish = asyncio.ensure_future(self._finish(plan, client, aap_sid, sid, live, state,
@@ -315,12 +319,12 @@ class Engine:
             await finish
             raise
 
-    async def _open_agent_session(self, client: AapClient, body: dict) -> Turn:
+    async def _open_agent_session(self, client: AapClient, body: dict, known: list[str]) -> Turn:
         """PUT /session. A cancel while it is in flight must not leave the agent's session open on
         its server: the id arrives with session_start (stream modes) or with the reply ("none"), so
         the cancel deletes the session at once if its id is known, else waits for it (at most a turn,
-        and at most ORS_EVAL_CANCEL_GRACE_SECONDS), then lets the cancel through."""
-        known: list[str] = []
+        and at most ORS_EVAL_CANCEL_GRACE_SECONDS), then lets the cancel through. `known` gets the id
+        as soon as the agent tells it, for the caller to delete the session if the turn fails."""
         told = asyncio.Event()
 
         def on_session(session_id: str) -> None:

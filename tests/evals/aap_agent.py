@@ -5,12 +5,17 @@ its own process, over real HTTP and SSE, in all three stream modes.
 
 Agents (GET /meta): `solver` answers the bundled `math` tasks, correctly unless `fails(question)`
 (about a third of them, on purpose); `asker` first asks for its untrusted server-side tool
-`web_search`, then answers correctly; `silent` ends its turn without calling a tool; `looper`
-calls a tool that does not exist forever; and the faults: `http500`, `malformed` (data that is
-not JSON), `truncated` (the stream ends without turn_stop), `endless` (a stream that never ends),
-`slow` (never answers), `sluggish` (the solver, taking a second over the first turn: after
-session_start in the stream modes, before the reply in "none"). `/v2/meta` claims protocol version 2. GET /_stats tells what the server saw
-(sessions open at once, deletes, permission decisions, Authorization headers).
+`web_search` together with a `submit` the environment refuses (no answer in it), then answers
+correctly; `juggler` first calls two tools the environment does not have and a refused `submit`,
+then answers correctly; `silent` ends its turn without calling a tool; `looper` calls a tool that
+does not exist forever; and the faults: `http500`, `http429` (refuses PUT /session, creating
+nothing), `http400` (a first turn like looper's, then refuses the POST with the results),
+`malformed` (data that is not JSON), `confused` (a well-formed reply, its session id included,
+with a stopReason version 1 does not have), `truncated` (the stream ends without turn_stop), `endless` (a
+stream that never ends), `slow` (never answers), `sluggish` (the solver, taking a second over the
+first turn: after session_start in the stream modes, before the reply in "none"). `/v2/meta` claims
+protocol version 2. GET /_stats tells what the server saw (sessions open at once, sessions whose id
+it gave out, deletes, permission decisions, the messages of each POST, Authorization headers).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parents[2]
 MATH_DIR = ROOT / "envs" / "math"
 
-AGENTS = ["solver", "asker", "silent", "looper", "http500", "malformed", "truncated", "endless", "slow", "sluggish"]
+AGENTS = ["solver", "asker", "juggler", "silent", "looper", "http500", "http429", "http400", "malformed", "confused",
+          "truncated", "endless", "slow", "sluggish"]
 SLUGGISH_SECONDS = 1.0
 ALL_STREAMS = {"delta": {}, "message": {}, "none": {}}
 
@@ -76,8 +82,8 @@ class Answers:
 
 
 ANSWERS = Answers()
-STATS: dict = {"open": 0, "max_open": 0, "created": 0, "deleted": 0, "permissions": [], "auth": [],
-               "puts": 0, "posts": 0}
+STATS: dict = {"open": 0, "max_open": 0, "created": 0, "told": 0, "deleted": 0, "permissions": [], "auth": [],
+               "puts": 0, "posts": 0, "post_messages": []}
 SESSIONS: dict[str, dict] = {}
 API_KEY = ""
 
@@ -128,15 +134,35 @@ def script(session: dict, messages: list[dict]) -> list[tuple[str, dict]]:
         return [("text", {"text": "Done."}), ("turn_stop", {"stopReason": "end_turn"})]
     if name == "asker":
         if session["turns"] == 1:
+            # The untrusted server-side tool and an application tool call that does not end the
+            # episode (the environment refuses a submit without an answer): the permission decision
+            # and the tool result come back in one POST.
             return [("text", {"text": "Let me search first."}),
                     ("tool_call", {"toolCallId": call, "name": "web_search", "input": {"query": question}}),
+                    ("tool_call", {"toolCallId": f"{call}_b", "name": "submit", "input": {"guess": "later"}}),
                     ("turn_stop", {"stopReason": "tool_use"})]
         denied = [m for m in messages if m.get("role") == "tool_permission"]
         STATS["permissions"].extend(denied)
         return [("text", {"text": f"Search {'denied' if denied and not denied[0]['granted'] else 'done'}; answering."}),
                 ("tool_call", {"toolCallId": call, "name": "submit", "input": {"answer": ANSWERS.answer(question)}}),
                 ("turn_stop", {"stopReason": "tool_use"})]
-    if name == "looper":
+    if name == "juggler":
+        if session["turns"] == 1:
+            # Three calls that do not end the episode: two tools the environment does not have and a
+            # submit it refuses; all three results come back in one POST.
+            return [("text", {"text": "Let me work it out first."}),
+                    ("tool_call", {"toolCallId": f"{call}_a", "name": "scratchpad", "input": {"note": question}}),
+                    ("tool_call", {"toolCallId": f"{call}_b", "name": "calculator", "input": {"expr": "1+1"}}),
+                    ("tool_call", {"toolCallId": f"{call}_c", "name": "submit", "input": {"guess": "later"}}),
+                    ("turn_stop", {"stopReason": "tool_use"})]
+        if session["turns"] == 2:
+            return [("text", {"text": "Now I know."}),
+                    ("tool_call", {"toolCallId": call, "name": "submit", "input": {"answer": ANSWERS.answer(question)}}),
+                    ("turn_stop", {"stopReason": "tool_use"})]
+        return [("text", {"text": "Done."}), ("turn_stop", {"stopReason": "end_turn"})]
+    if name == "confused":
+        return [("text", {"text": "Hmm."}), ("turn_stop", {"stopReason": "pondering"})]
+    if name in ("looper", "http400"):
         return [("text", {"text": f"Turn {session['turns']}: thinking more."}),
                 ("tool_call", {"toolCallId": call, "name": "scratchpad", "input": {"note": "hmm"}}),
                 ("turn_stop", {"stopReason": "tool_use"})]
@@ -150,6 +176,7 @@ def _frame(event: str, data: dict) -> bytes:
 async def _sse(session: dict, events: list[tuple[str, dict]], mode: str, first: bool) -> AsyncIterator[bytes]:
     name = session["agent"]
     if first:
+        STATS["told"] += 1
         yield _frame("session_start", {"sessionId": session["id"]})
         if name == "sluggish":
             await asyncio.sleep(SLUGGISH_SECONDS)
@@ -197,6 +224,7 @@ def _json_reply(session: dict, events: list[tuple[str, dict]], first: bool) -> R
         return PlainTextResponse('{"stopReason": "end_tu', media_type="application/json")
     body = {"stopReason": stop, "messages": [{"role": "assistant", "content": blocks}], "_meta": _usage(session)}
     if first:
+        STATS["told"] += 1
         body["sessionId"] = session["id"]
     return JSONResponse(body)
 
@@ -210,6 +238,8 @@ async def _turn(session: dict, body: dict, first: bool) -> Response:
     name = session["agent"]
     if name == "http500":
         return PlainTextResponse("the agent exploded", status_code=500)
+    if name == "http400" and not first:
+        return PlainTextResponse("the agent refused the tool results", status_code=400)
     if name == "slow":
         await asyncio.sleep(3600)
     events = script(session, body.get("messages") or [])
@@ -229,6 +259,8 @@ async def put_session(request: Request) -> Response:
     name = (body.get("agent") or {}).get("name")
     if name not in AGENTS:
         return JSONResponse({"error": f"no agent {name!r}"}, status_code=404)
+    if name == "http429":
+        return PlainTextResponse("too many sessions", status_code=429, headers={"Retry-After": "1"})
     messages = body.get("messages") or []
     prompt = _text_of(messages[-1]["content"]) if messages else ""
     session = {"id": f"sess_{uuid.uuid4().hex[:12]}", "agent": name, "question": question_of(prompt), "turns": 0,
@@ -247,7 +279,9 @@ async def post_session(request: Request) -> Response:
     if session is None:
         return JSONResponse({"error": "no such session"}, status_code=404)
     STATS["posts"] += 1
-    return await _turn(session, await request.json(), first=False)
+    body = await request.json()
+    STATS["post_messages"].append({"session": session["id"], "messages": body.get("messages")})
+    return await _turn(session, body, first=False)
 
 
 async def delete_session(request: Request) -> Response:
@@ -271,8 +305,8 @@ async def reset_stats(request: Request) -> Response:
     # Sessions of earlier tests (a `slow` agent's, whose client gave up before learning its id) are
     # forgotten, so each test counts only its own.
     SESSIONS.clear()
-    STATS.update(open=0, max_open=0, created=0, deleted=0, permissions=[], auth=[],
-                 puts=0, posts=0)
+    STATS.update(open=0, max_open=0, created=0, told=0, deleted=0, permissions=[], auth=[],
+                 puts=0, posts=0, post_messages=[])
     return JSONResponse({"ok": True})
 
 

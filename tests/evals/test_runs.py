@@ -3,12 +3,14 @@ in its own process) over the bundled math tasks through the episode gateway."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from orsplatform.episodes.models import Session, ToolCall
 from orsplatform.evals.models import EvalEpisode
 from tests.evals.aap_agent import expected_reward
-from tests.evals.conftest import api, launch, register, wait_run
+from tests.evals.conftest import AGENT_KEY, api, launch, register, wait_run
 
 
 @pytest.mark.parametrize("stream", ["none", "message", "delta"])
@@ -23,6 +25,8 @@ def test_per_task_rewards_equal_the_known_outcomes_in_every_stream_mode(owner, a
     assert 0 < sum(expected.values()) < 12  # the agent passes some and fails others on purpose
     assert run["done"] == 12 and run["passed"] == sum(expected.values())
     assert run["mean_reward"] == pytest.approx(sum(expected.values()) / 12)
+    low, high = run["mean_reward_interval"]  # the mean reward's 95 % interval
+    assert 0.0 <= low <= run["mean_reward"] <= high <= 1.0 and low < high, run["mean_reward_interval"]
     lo, hi = run["pass_rate_interval"]
     assert lo < run["pass_rate"] < hi
     assert all(e["stop_reason"] == "finished" and e["finished"] and e["error"] is None for e in run["episodes"])
@@ -45,7 +49,11 @@ def test_per_task_rewards_equal_the_known_outcomes_in_every_stream_mode(owner, a
     assert transcript[1]["name"] == "submit" and transcript[1]["reward"] == 1.0
 
 
-def test_the_agent_key_is_sent_as_a_bearer_token_and_never_shown(owner, agents):
+def test_the_agent_key_is_sent_as_a_bearer_token_and_never_shown(owner, agents, caplog):
+    # Everything this process logs, at DEBUG: the API requests, the engine that drives the run here
+    # (eager Celery, on its own thread) and its HTTP client's requests to the agent.
+    for name in (None, "orsplatform", "django", "httpx", "httpcore", "celery"):
+        caplog.set_level(logging.DEBUG, logger=name)
     agent = register(owner, agents, "solver", "message")
     assert "api_key" not in agent and agent["has_api_key"] is True
     listed = api(owner).get("/api/v1/agents").json()["agents"]
@@ -54,23 +62,36 @@ def test_the_agent_key_is_sent_as_a_bearer_token_and_never_shown(owner, agents):
     run = wait_run(owner, launch(owner, agent["id"], stop=2)["id"])
     assert run["status"] == "finished" and run["done"] == 2
     assert "Bearer agent-secret-key-5f2b" in agents.stats()["auth"]
+    # The capture saw the run's traffic to the agent, and the key in none of it.
+    logged = "\n".join(f"{r.name} {r.getMessage()} {r.args!r} {r.exc_text or ''}" for r in caplog.records)
+    assert f"{agents.url}/session" in logged
+    assert AGENT_KEY not in logged and "agent-secret-key" not in caplog.text
 
 
-@pytest.mark.parametrize(("agent_name", "stream", "stop_reason", "error"), [
-    ("http500", "none", "error", "Agent answered HTTP 500: the agent exploded"),
-    ("http500", "delta", "error", "Agent answered HTTP 500: the agent exploded"),
-    ("malformed", "none", "error", "Malformed reply: not JSON"),
-    ("malformed", "message", "error", "Malformed SSE: 'text' data is not JSON"),
-    ("truncated", "delta", "error", "Malformed SSE: the stream ended without turn_stop"),
-    ("truncated", "none", "error", "Malformed reply: not JSON"),
-    ("endless", "delta", "error", "Agent timed out: the turn did not end within 1.5 s"),
-    ("endless", "none", "error", "Agent timed out"),
-    ("slow", "message", "error", "Agent timed out"),
-    ("looper", "message", "max_turns", "The agent did not finish the episode within 3 turns."),
-    ("silent", "none", "end_turn", None),
+# `told`: how many of the run's 3 agent sessions the agent gave the platform an id for (in
+# session_start, or in the reply of PUT /session): each of those must be deleted, whatever went wrong
+# after. An agent that fails before telling an id leaves the platform nothing to delete.
+@pytest.mark.parametrize(("agent_name", "stream", "stop_reason", "error", "told"), [
+    ("http500", "none", "error", "Agent answered HTTP 500: the agent exploded", 0),
+    ("http500", "delta", "error", "Agent answered HTTP 500: the agent exploded", 0),
+    ("http429", "none", "error", "Agent answered HTTP 429: too many sessions", 0),
+    ("http429", "message", "error", "Agent answered HTTP 429: too many sessions", 0),
+    ("http400", "none", "error", "Agent answered HTTP 400: the agent refused the tool results", 3),
+    ("http400", "delta", "error", "Agent answered HTTP 400: the agent refused the tool results", 3),
+    ("malformed", "none", "error", "Malformed reply: not JSON", 0),
+    ("malformed", "message", "error", "Malformed SSE: 'text' data is not JSON", 3),
+    ("confused", "none", "error", "Malformed reply: unknown stopReason 'pondering'", 3),
+    ("confused", "delta", "error", "Malformed reply: unknown stopReason 'pondering'", 3),
+    ("truncated", "delta", "error", "Malformed SSE: the stream ended without turn_stop", 3),
+    ("truncated", "none", "error", "Malformed reply: not JSON", 0),
+    ("endless", "delta", "error", "Agent timed out: the turn did not end within 1.5 s", 3),
+    ("endless", "none", "error", "Agent timed out", 0),
+    ("slow", "message", "error", "Agent timed out", 0),
+    ("looper", "message", "max_turns", "The agent did not finish the episode within 3 turns.", 3),
+    ("silent", "none", "end_turn", None, 3),
 ])
 def test_a_misbehaving_agent_scores_failed_with_its_reason_and_the_run_goes_on(
-        owner, agents, agent_name, stream, stop_reason, error):
+        owner, agents, agent_name, stream, stop_reason, error, told):
     agent = register(owner, agents, agent_name, stream)
     run = wait_run(owner, launch(owner, agent["id"], stop=3, max_turns=3, turn_timeout=1.5)["id"])
     assert run["status"] == "finished" and run["done"] == 3 and run["passed"] == 0, run
@@ -78,16 +99,75 @@ def test_a_misbehaving_agent_scores_failed_with_its_reason_and_the_run_goes_on(
         assert episode["stop_reason"] == stop_reason and episode["reward"] == 0.0
         assert (episode["error"] or None) == error if error is None else episode["error"].startswith(error), episode
     assert Session.objects.filter(sid__in=[e["sid"] for e in run["episodes"]]).exclude(status="deleted").count() == 0
+    # Every agent session whose id the platform learnt was deleted (an episode is scored only after
+    # its clean-up, so the finished run has sent them all). One that failed before telling its id
+    # stays open on the agent's server: the platform cannot name it.
+    stats = agents.stats()
+    assert stats["told"] == told and stats["deleted"] == told, stats
+    assert stats["open"] == stats["created"] - told, stats
+    if agent_name == "http429":
+        assert stats["created"] == 0 and stats["open"] == 0  # it refused PUT /session before creating one
+    if told:
+        assert stats["created"] == stats["deleted"] == 3 and stats["open"] == 0, stats
+    if agent_name == "http400":
+        assert stats["posts"] == 3  # the failure came on the POST with the tool results, after a session existed
+
+
+@pytest.mark.parametrize("stream", ["none", "delta"])
+def test_several_tool_results_go_back_to_the_agent_in_one_post(owner, agents, stream):
+    # `juggler`'s first turn calls two tools the math environment does not have and a submit the
+    # environment refuses (no answer): none ends the episode; its second turn submits the answer.
+    agent = register(owner, agents, "juggler", stream)
+    run = wait_run(owner, launch(owner, agent["id"], stop=2, max_turns=3)["id"])
+    assert run["status"] == "finished" and run["done"] == 2 and run["passed"] == 2 and run["errors"] == 0, run
+    assert all(e["reward"] == 1.0 and e["stop_reason"] == "finished" and e["turns"] == 2 and e["tool_calls"] == 2
+               for e in run["episodes"]), run["episodes"]
+    stats = agents.stats()
+    assert stats["posts"] == 2, stats  # one POST per episode carried every result of the first turn
+    # The calls of each episode's first turn, as the platform recorded them.
+    first_calls = []
+    for episode in EvalEpisode.objects.filter(run_id=run["id"]).order_by("task_index"):
+        kinds = [t["kind"] for t in episode.transcript]
+        assert kinds == ["assistant", "tool", "tool", "tool", "assistant", "tool"], kinds
+        uses = [b for b in episode.transcript[0]["blocks"] if b["type"] == "tool_use"]
+        assert [u["name"] for u in uses] == ["scratchpad", "calculator", "submit"]
+        first_calls.append(tuple(u["toolCallId"] for u in uses))
+        assert episode.transcript[-1]["name"] == "submit" and episode.transcript[-1]["reward"] == 1.0
+    posted = []
+    for post in stats["post_messages"]:
+        messages = post["messages"]
+        assert [m["role"] for m in messages] == ["tool", "tool", "tool"], messages
+        unknown_a, unknown_b, refused = (m["content"] for m in messages)
+        assert unknown_a == "Error: unknown tool 'scratchpad'." and unknown_b == "Error: unknown tool 'calculator'."
+        assert isinstance(refused, str) and refused.startswith("Error:"), refused  # the environment's refusal
+        posted.append(tuple(m["toolCallId"] for m in messages))
+    assert sorted(posted) == sorted(first_calls)  # each call answered, in the order the agent made them
 
 
 def test_an_untrusted_server_side_tool_is_denied_in_one_turn_with_the_results(owner, agents):
+    # `asker`'s first turn calls its untrusted server-side `web_search` and the environment's
+    # `submit` without an answer (refused, so the episode goes on); its second turn answers.
     agent = register(owner, agents, "asker", "message")
     run = wait_run(owner, launch(owner, agent["id"], stop=2)["id"])
     assert run["status"] == "finished" and run["passed"] == 2
-    permissions = agents.stats()["permissions"]
+    stats = agents.stats()
+    permissions = stats["permissions"]
     assert len(permissions) == 2 and all(p["granted"] is False and p["reason"] for p in permissions)
-    transcript = EvalEpisode.objects.get(run_id=run["id"], task_index=0).transcript
-    assert [t["kind"] for t in transcript] == ["assistant", "permission", "assistant", "tool"]
+    # One POST per episode carried both the denial and the tool result.
+    assert stats["posts"] == 2 and len(stats["post_messages"]) == 2, stats
+    first_calls = []
+    for episode in EvalEpisode.objects.filter(run_id=run["id"]).order_by("task_index"):
+        assert [t["kind"] for t in episode.transcript] == ["assistant", "permission", "tool", "assistant", "tool"]
+        uses = [b for b in episode.transcript[0]["blocks"] if b["type"] == "tool_use"]
+        assert [u["name"] for u in uses] == ["web_search", "submit"]
+        first_calls.append((uses[0]["toolCallId"], uses[1]["toolCallId"]))
+    posted = []
+    for post in stats["post_messages"]:
+        denial, result = post["messages"]
+        assert denial["role"] == "tool_permission" and denial["granted"] is False and denial["reason"], denial
+        assert result["role"] == "tool" and result["content"].startswith("Error:"), result
+        posted.append((denial["toolCallId"], result["toolCallId"]))
+    assert sorted(posted) == sorted(first_calls)
 
 
 def test_a_run_never_exceeds_its_concurrency(owner, agents):
