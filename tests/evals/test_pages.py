@@ -47,6 +47,12 @@ def test_failed_episodes_show_their_reason_and_the_trajectory_shows_the_agents_m
     trajectory = client.get(f"/analytics/{owner.team.slug}/sessions/{sid}/").content.decode()
     assert 'id="agent-transcript"' in trajectory and "My answer is" in trajectory
     assert "calls <code>submit</code>" in trajectory
+    # Woven in: the agent's first turn, then the ORS call it made, then its next turn (if any).
+    turn_1, call_1 = trajectory.index("Agent, turn 1"), trajectory.index('id="call-1"')
+    assert turn_1 < call_1
+    if "Agent, turn 2" in trajectory:
+        assert call_1 < trajectory.index("Agent, turn 2")
+    assert trajectory.count('id="call-1"') == 1
 
 
 def test_the_leaderboard_lists_agent_version_episodes_and_pass_rate(owner, finished_run):

@@ -1,11 +1,15 @@
-"""Team B can neither see nor launch runs on team A's agents or private environments."""
+"""Team B can neither see nor launch runs on team A's agents or private environments; a run keeps the
+environment version it was launched on."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 from django.conf import settings as django_settings
 
 from orsplatform.catalog.services import environment_publish
+from orsplatform.episodes.models import Session
 from tests.evals.conftest import api, launch, register, wait_run
 
 
@@ -54,3 +58,21 @@ def test_runs_need_a_key_with_the_sessions_scope(owner, agents):
 
     assert APIClient().get("/api/v1/eval-runs").status_code == 401
     assert APIClient().post("/api/v1/agents", {}, format="json").status_code == 401
+
+
+def test_a_run_keeps_the_version_it_was_launched_on_when_a_new_one_is_published(owner, agents, private_math, tmp_path):
+    from orsplatform.evals import services as eval_services
+    from orsplatform.evals.models import Agent
+
+    agent = Agent.objects.get(id=register(owner, agents, "solver", "none")["id"])
+    run = eval_services.eval_run_launch(team=owner.team, agent=agent, environment=private_math, split="test",
+                                        stop=3, enqueue=False)  # launched (and pinned) before version 2 exists
+    changed = tmp_path / "math"
+    shutil.copytree(django_settings.ORS_ENVS_DIR / "math", changed)
+    (changed / "README.md").write_text("# Math, version 2\n")
+    assert environment_publish(team=owner.team, source_dir=changed, slug="secret-math").version.number == 2
+    assert api(owner).post(f"/api/v1/eval-runs/{run.id}/resume", {}, format="json").status_code == 200
+    done = wait_run(owner, run.id)
+    assert done["status"] == "finished" and done["version"] == 1
+    sids = [e["sid"] for e in done["episodes"]]
+    assert set(Session.objects.filter(sid__in=sids).values_list("version__number", flat=True)) == {1}

@@ -7,12 +7,24 @@ from orsplatform.evals.selectors import episode_for_session
 register = template.Library()
 
 
-@register.inclusion_tag("evals/_transcript.html")
-def agent_transcript(team, sid: str) -> dict:
-    """The AAP agent's side of an evaluation episode (its text, thinking and tool calls with their
-    results), for the session's trajectory page; nothing for sessions no evaluation drove."""
-    episode = episode_for_session(team=team, sid=sid) if team is not None else None
-    return {"episode": episode, "team": team}
+@register.simple_tag
+def agent_timeline(team, session: dict) -> dict | None:
+    """For a session an evaluation drove, its trajectory with the AAP agent's side woven in: each
+    agent turn (text, thinking, tool calls) followed by the ORS calls it made, matched by task id
+    (calls the transcript does not name, if any, come last). None for other sessions."""
+    episode = episode_for_session(team=team, sid=session["sid"]) if team is not None else None
+    if episode is None:
+        return None
+    calls = {c["task_id"]: c for c in session["tool_calls"]}
+    items, used = [], set()
+    for entry in episode.transcript:
+        call = calls.get(entry.get("task_id")) if entry.get("kind") == "tool" else None
+        if call is not None:
+            items.append({"call": call})
+            used.add(call["task_id"])
+        else:
+            items.append({"entry": entry})
+    return {"episode": episode, "items": items, "rest": [c for c in session["tool_calls"] if c["task_id"] not in used]}
 
 
 @register.filter
