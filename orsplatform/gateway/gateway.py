@@ -518,19 +518,23 @@ class EpisodeGateway:
                    if live.last_activity != live.flushed_activity or (live.ready_at and not live.ready_flushed)]
         prompts = {live.pk: live.prompt_unwritten for live in self.sessions.values()
                    if live.prompt_unwritten is not None}
-        # Readiness only until it is written once (it never changes again).
-        await self.store.flush_activity({live.pk: (live.last_activity_at(), None if live.ready_flushed else live.ready_at)
-                                         for live in changed}, prompts)
+        # Readiness only until it is written once (it never changes again). What is written is
+        # taken now: activity or readiness that arrives while the write is in flight is flushed
+        # next time, not marked as written (a session that became ready then stayed 'creating').
+        activity = {live.pk: (live.last_activity_at(), None if live.ready_flushed else live.ready_at)
+                    for live in changed}
+        seen = [(live, live.last_activity, activity[live.pk][1] is not None) for live in changed]
+        await self.store.flush_activity(activity, prompts)
         for live in self.sessions.values():
-            if live.pk in prompts:
+            if live.pk in prompts and live.prompt_unwritten is prompts[live.pk]:
                 live.prompt_unwritten = None
         await self.limits.renew([(live.team_id, live.sid) for live in self.sessions.values()
                                  if live.team_id is not None]
                                 + [(d.team_id, sid) for sid, d in self.deferred.items()
                                    if d.team_id is not None and d.holds_slot])
-        for live in changed:
-            live.flushed_activity = live.last_activity
-            live.ready_flushed = live.ready_at is not None
+        for live, last_activity, ready_written in seen:
+            live.flushed_activity = last_activity
+            live.ready_flushed = live.ready_flushed or ready_written
 
     async def shutdown(self) -> None:
         if self._reaper is not None:

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import orjson
@@ -84,6 +84,9 @@ class CeleryExecutor(Executor):
         self.gateway = uuid.uuid4().hex[:12]
         self.redis = aioredis.from_url(settings.REDIS_URL)
         self._runners: dict[str, str] = {}  # sid -> runner identity (keys.runner_identity)
+        # Runner identity -> how many of `_runners` it holds, kept with it: place() reads it at
+        # every /create, which must not cost a pass over every session this gateway knows.
+        self._held: Counter[str] = Counter()
         self._queues: dict[str, str] = {}  # runner identity -> its node's worker_direct queue
         self._wakeups: dict[str, set[asyncio.Event]] = {}  # sid or task_id -> its waiters' events
         self._replies: dict[str, asyncio.Future] = {}
@@ -226,17 +229,24 @@ class CeleryExecutor(Executor):
         if not pool:
             raise NoRunnerAvailable()
         # Least loaded; the cache lags a second, so count this gateway's own placements too.
-        local: dict[str, int] = {}
-        for runner in self._runners.values():
-            local[runner] = local.get(runner, 0) + 1
-        name, _, _ = min(pool, key=lambda r: (r[1] + local.get(r[0], 0), r[0]))
+        name, _, _ = min(pool, key=lambda r: (r[1] + self._held[r[0]], r[0]))
         return name
 
     def attach(self, sid: str, runner: str) -> None:
+        self._release(sid)
         self._runners[sid] = runner
+        self._held[runner] += 1
+
+    def _release(self, sid: str) -> str | None:
+        runner = self._runners.pop(sid, None)
+        if runner is not None:
+            self._held[runner] -= 1
+            if self._held[runner] <= 0:
+                del self._held[runner]
+        return runner
 
     def detach(self, sid: str) -> None:
-        self._runners.pop(sid, None)
+        self._release(sid)
         self._ready.discard(sid)
         self._records.pop(sid, None)
 
@@ -249,7 +259,7 @@ class CeleryExecutor(Executor):
     async def start(self, spec: SessionSpec, runner: str = "") -> None:
         await self._ensure_listener()
         runner = runner or await self.place()
-        self._runners[spec.sid] = runner
+        self.attach(spec.sid, runner)
         owner = {**spec.owner, "runner": runner}
         sealed = await self._sealed(runner, spec)
         self._remember(spec.sid, {"state": "starting", **owner})
@@ -466,7 +476,7 @@ class CeleryExecutor(Executor):
     async def stop(self, sid: str) -> None:
         self._ready.discard(sid)
         self._records.pop(sid, None)
-        runner = self._runners.pop(sid, None)
+        runner = self._release(sid)
         if runner is not None:
             try:
                 # The record says "gone" at once, so no other gateway adopts the session while
