@@ -402,8 +402,13 @@ class EpisodeGateway:
         totals = None if self.executor.shared else live.totals()
         prompt = live.prompt_unwritten
         if prompt is None and self.executor.shared:
-            # The initial prompt as the runner recorded it at setup (kept only where none is yet).
-            recorded = await self.executor.recorded_prompt(live.sid)
+            # The initial prompt as the runner recorded it at setup (kept only where none is yet);
+            # it is for the explorer only, so a record that cannot be read ends the session without it.
+            try:
+                recorded = await self.executor.recorded_prompt(live.sid)
+            except Exception as exc:
+                log.warning("could not read the recorded prompt of session %s: %s", live.sid, exc)
+                recorded = None
             prompt = storable(recorded) if recorded is not None else None
         try:
             # The row first: while the database is down the request fails (503) and the session is
