@@ -234,9 +234,9 @@ class AapClient:
             data = response.json()
         except ValueError:
             raise AapError(f"Malformed reply: not JSON: {_brief(response.text)}") from None
-        if isinstance(data, dict) and on_session is not None and isinstance(data.get("sessionId"), str) \
-                and data["sessionId"]:
-            on_session(data["sessionId"])  # told before the rest is checked: a malformed reply's session is deleted too
+        told = data.get("sessionId") if isinstance(data, dict) else None
+        if on_session is not None and told and isinstance(told, str):
+            on_session(told)  # before the rest is checked: a malformed reply's session is deleted too
         if not isinstance(data, dict) or not isinstance(data.get("messages", []), list):
             raise AapError("Malformed reply: expected an object with stopReason and messages.")
         turn = Turn(stop_reason=_stop_reason(data.get("stopReason")), session_id=data.get("sessionId"))

@@ -80,11 +80,12 @@ def agent_remove(*, agent: Agent) -> None:
 
 # --- runs --------------------------------------------------------------------------------------------
 
-def _message_lease() -> datetime:
-    """How long a queued run's message vouches for it: until then a worker is expected to claim it
-    (a second resume is refused as a double click); after it, the message may be lost and a resume
-    sends another (harmless: only one worker at a time can claim a run)."""
-    return timezone.now() + timedelta(seconds=settings.ORS_EVAL_LEASE_SECONDS)
+def _lease_end(now: datetime | None = None) -> datetime:
+    """When a lease taken now ends: a driving worker's (renewed while it lives), or a queued run's
+    message's (until then a worker is expected to claim it and a second resume is refused as a
+    double click; after it the message may be lost, and a resume sends another, harmless since only
+    one worker at a time can claim a run)."""
+    return (now or timezone.now()) + timedelta(seconds=settings.ORS_EVAL_LEASE_SECONDS)
 
 
 def _enqueue(run_id: int, secrets: dict[str, str] | None) -> None:
@@ -125,7 +126,7 @@ def eval_run_launch(*, team: Team, agent: Agent, environment: str, split: str, s
         run = EvalRun.objects.create(
             team=team, agent=agent, environment_id=env.environment_id, version_id=env.version_id, split=split, start=start, stop=stop,
             concurrency=concurrency, max_turns=max_turns, pass_threshold=pass_threshold, turn_timeout=turn_timeout,
-            secret_names=sorted(secrets or {}), lease_until=_message_lease() if enqueue else None)
+            secret_names=sorted(secrets or {}), lease_until=_lease_end() if enqueue else None)
         EvalEpisode.objects.bulk_create([EvalEpisode(run=run, task_index=i) for i in range(start, stop)],
                                         batch_size=2000)
         if enqueue:
@@ -172,7 +173,7 @@ def eval_run_resume(*, run: EvalRun, secrets: dict[str, str] | None = None, enqu
                               "not keep them, so give them again to resume it.")
     with transaction.atomic():
         fields = {"status": EvalRun.Status.QUEUED, "finished_at": None, "error": "", "lease_owner": "",
-                  "lease_until": _message_lease() if enqueue else None}
+                  "lease_until": _lease_end() if enqueue else None}
         if secrets is not None:
             fields["secret_names"] = sorted(secrets)
         # Conditional on what was checked above: a worker that claimed the run meanwhile keeps it.
@@ -244,7 +245,7 @@ class RunPlan:
 def eval_run_claim(*, run_id: int, owner: str) -> RunPlan | None:
     """Take the run for this worker (None: it ended, or a live worker drives it)."""
     now = timezone.now()
-    lease = now + timedelta(seconds=settings.ORS_EVAL_LEASE_SECONDS)
+    lease = _lease_end(now)
     claimable = Q(status=EvalRun.Status.QUEUED) | Q(status=EvalRun.Status.RUNNING) & (
         Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner))
     if not EvalRun.objects.filter(claimable, id=run_id).update(
@@ -273,7 +274,7 @@ def eval_run_claim(*, run_id: int, owner: str) -> RunPlan | None:
 
 def eval_run_renew(*, run_id: int, owner: str) -> str:
     """Renew this worker's lease; returns the run's status (a cancel is seen here)."""
-    lease = timezone.now() + timedelta(seconds=settings.ORS_EVAL_LEASE_SECONDS)
+    lease = _lease_end()
     EvalRun.objects.filter(id=run_id, lease_owner=owner, status=EvalRun.Status.RUNNING).update(lease_until=lease)
     run = EvalRun.objects.filter(id=run_id).values("status", "lease_owner").first()
     if run is None:
