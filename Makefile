@@ -42,13 +42,13 @@ run: sandbox-deps publish devkey
 test: install sandbox-deps browser-deps
 	$(PY) -m pytest
 
-bench: install
+bench: install sandbox-deps
 	$(PY) bench/compare.py --concurrency 16 --duration 20
 
-bench-postgres: install
+bench-postgres: install sandbox-deps
 	$(PY) bench/compare.py --concurrency 16 --duration 20 --postgres
 
-bench-executors: install
+bench-executors: install sandbox-deps
 	$(PY) bench/compare_executors.py --concurrency 16 --duration 20
 
 # The celery executor on one box (REDIS_URL, DATABASE_URL and ORS_EXECUTOR=celery set for `run` too):

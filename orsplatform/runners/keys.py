@@ -121,7 +121,7 @@ def runner_acl_rules(prefix: str, password: str, hostname: str) -> list[str]:
         "+multi", "+exec", "+discard", "+watch", "+unwatch",
         # kombu's Lua scripts: what they run is checked against the same key rules
         "+eval", "+evalsha", "+script|load", "+script|exists", "+time",
-        "+brpop", "+lpush", "+rpush", "+lpop", "+rpop", "+llen", "+lrange",
+        "+brpop", "+blmpop", "+lpush", "+rpush", "+lpop", "+rpop", "+llen", "+lrange",
         "+sadd", "+smembers", "+srem", "+sismember", "+scard",
         "+get", "+set", "+del", "+unlink", "+expire", "+pexpire", "+exists", "+mget",
         "+zadd", "+zrem", "+zremrangebyscore", "+zrangebyscore",

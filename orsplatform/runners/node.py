@@ -28,11 +28,12 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import orjson
 import redis
+import redis.asyncio as aioredis
 from celery import Celery, bootsteps
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
@@ -58,6 +59,9 @@ KEYS = Keys(PREFIX)
 
 app = Celery("ors-runner", broker=BROKER_URL)
 app.conf.update(
+    # Kombu's Redis transport, taking several messages per round trip (transport.py); an AMQP
+    # broker keeps its own.
+    broker_transport="orsplatform.runners.transport:Transport" if BROKER_URL.startswith("redis") else None,
     worker_direct=True,  # each node consumes its own queue, named after its hostname
     task_serializer="json",
     accept_content=["json"],
@@ -74,6 +78,48 @@ app.conf.update(
 )
 
 
+class Outbox:
+    """The node's writes to Redis, made on its event loop and coalesced: what is queued while one
+    pipeline is in flight goes out in the next, so under load many sessions' results share a round
+    trip, and the loop never blocks on Redis. Writes keep their order (a session's setup state
+    before its teardown's, a result's durable key before its wake-up)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.redis: aioredis.Redis | None = None  # made on the loop that uses it
+        # (key, value, seconds to live) for a SET; (channel, message, None) for a PUBLISH.
+        self.pending: list[tuple[str, bytes | str, int | None]] = []
+        self.task: asyncio.Task | None = None
+
+    def set(self, key: str, value: bytes | str, *, ttl: int) -> None:
+        self._put((key, value, ttl))
+
+    def publish(self, channel: str, message: bytes) -> None:
+        self._put((channel, message, None))
+
+    def _put(self, command: tuple[str, bytes | str, int | None]) -> None:
+        self.pending.append(command)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        if self.redis is None:
+            self.redis = aioredis.from_url(self.url)
+        while self.pending:
+            batch, self.pending = self.pending, []
+            pipe = self.redis.pipeline(transaction=False)
+            for target, value, ttl in batch:
+                if ttl is None:
+                    pipe.publish(target, value)
+                else:
+                    pipe.set(target, value, ex=ttl)
+            try:
+                await pipe.execute()
+            except Exception as exc:  # Redis away: gateways' polls find no result and report it
+                log.warning("could not write %d updates to Redis: %s", len(batch), exc)
+        self.task = None
+
+
 class Node:
     """The node's process-wide state: the executor on its loop, Redis, the calls already seen."""
 
@@ -82,6 +128,11 @@ class Node:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="ors-runner-loop", daemon=True)
         self.thread.start()
+        self.outbox = Outbox(REDIS_URL)
+        # Work handed over by the consumer thread, started on the loop in batches (see submit).
+        self.inbox: deque = deque()
+        self._drain_scheduled = False
+        self._tasks: set[asyncio.Task] = set()
         self.executor = InlineExecutor(threads=int(os.environ.get("ORS_TOOL_THREADS", "64")),
                                        on_lost=self.sessions_lost)
         self.sessions: set[str] = set()
@@ -98,25 +149,31 @@ class Node:
     def sessions_lost(self, sids: list[str], reason: str) -> None:
         """A sandbox worker ended with these sessions in it: their records say so (with the
         reason, which names the environment), so every gateway answers 410 for them."""
-        lost = [sid for sid in sids if sid in self.sessions]
-        if not lost:
-            return
-        pipe = self.redis.pipeline(transaction=False)
-        for sid in lost:
-            message = {"kind": "state", "sid": sid, "state": "lost", "error": reason}
-            pipe.set(KEYS.state(sid), orjson.dumps({"state": "lost", "error": reason}), ex=STATE_TTL)
-            pipe.publish(KEYS.sessions(self.hostname), encode(message))
-        try:
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.warning("could not record %d lost sessions: %s", len(lost), exc)
+        for sid in sids:
+            if sid in self.sessions:
+                message = {"kind": "state", "sid": sid, "state": "lost", "error": reason}
+                self.outbox.set(KEYS.state(sid), orjson.dumps({"state": "lost", "error": reason}), ttl=STATE_TTL)
+                self.outbox.publish(KEYS.sessions(self.hostname), encode(message))
 
     def submit(self, coro) -> None:
-        asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """Run `coro` on the node's loop (called from the consumer thread). One wake-up of the
+        loop starts every coroutine handed over meanwhile: at load, messages arrive faster than
+        the loop turns, and each wake-up is a write to its self-pipe and a thread switch."""
+        self.inbox.append(coro)
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            self.loop.call_soon_threadsafe(self._drain_inbox)
+
+    def _drain_inbox(self) -> None:
+        self._drain_scheduled = False  # first: a coroutine appended from here on schedules a drain
+        while self.inbox:
+            task = self.loop.create_task(self.inbox.popleft())
+            self._tasks.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
 
     def publish(self, gateway: str, message: dict[str, Any]) -> None:
         if gateway:
-            self.redis.publish(KEYS.gateway(gateway, self.hostname), encode(message))
+            self.outbox.publish(KEYS.gateway(gateway, self.hostname), encode(message))
 
     def heartbeat_forever(self) -> None:
         while not self._stop.is_set():
@@ -219,10 +276,8 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
     message = {"kind": "state", "sid": spec.sid, **state}
     if len(encoded) > INLINE_PAYLOAD_BYTES:
         message.pop("prompt", None)
-    pipe = node.redis.pipeline(transaction=False)
-    pipe.set(KEYS.state(spec.sid), encoded, ex=STATE_TTL)
-    pipe.publish(KEYS.sessions(node.hostname), encode(message))
-    pipe.execute()
+    node.outbox.set(KEYS.state(spec.sid), encoded, ttl=STATE_TTL)
+    node.outbox.publish(KEYS.sessions(node.hostname), encode(message))
     if state["state"] == "failed":  # nothing will run in it: free the node now, not at a /delete
         node.sessions.discard(spec.sid)
         await node.executor.stop(spec.sid)
@@ -230,10 +285,8 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
 
 async def _setup_refused(sid: str, gateway: str, owner: dict, error: str) -> None:
     state = {**owner, "state": "failed", "error": error}
-    pipe = node.redis.pipeline(transaction=False)
-    pipe.set(KEYS.state(sid), orjson.dumps(state), ex=STATE_TTL)
-    pipe.publish(KEYS.sessions(node.hostname), encode({"kind": "state", "sid": sid, **state}))
-    pipe.execute()
+    node.outbox.set(KEYS.state(sid), orjson.dumps(state), ttl=STATE_TTL)
+    node.outbox.publish(KEYS.sessions(node.hostname), encode({"kind": "state", "sid": sid, **state}))
 
 
 async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:
@@ -261,11 +314,8 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
     message = {"kind": "call", "task_id": task_id}
     if len(encoded) <= INLINE_PAYLOAD_BYTES:
         message["payload"] = payload
-    pipe = node.redis.pipeline(transaction=False)
-    pipe.set(KEYS.result(task_id), encoded, ex=RESULT_TTL)
-    if gateway:
-        pipe.publish(KEYS.gateway(gateway, node.hostname), encode(message))
-    pipe.execute()
+    node.outbox.set(KEYS.result(task_id), encoded, ttl=RESULT_TTL)
+    node.publish(gateway, message)
 
 
 async def _reply(gateway: str, request_id: str, fn) -> None:
@@ -282,7 +332,7 @@ async def _reply(gateway: str, request_id: str, fn) -> None:
 
 async def _teardown(sid: str) -> None:
     node.sessions.discard(sid)
-    node.redis.set(KEYS.state(sid), GONE_RECORD, ex=STATE_TTL)
+    node.outbox.set(KEYS.state(sid), GONE_RECORD, ttl=STATE_TTL)
     await node.executor.stop(sid)
 
 

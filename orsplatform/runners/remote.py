@@ -9,7 +9,6 @@ are what the request actually reads, so a lost wake-up only costs the polling in
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -56,7 +55,8 @@ def celery_message(task: str, args: list, queue: str, *, origin: str) -> str:
     task_id = os.urandom(16).hex()  # any unique string; cheaper than formatting a UUID
     body = orjson.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     return orjson.dumps({
-        "body": base64.b64encode(body).decode(),
+        # The body as text, not base64 (kombu decodes either; this saves encoding and decoding).
+        "body": body.decode(),
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": {
@@ -70,7 +70,7 @@ def celery_message(task: str, args: list, queue: str, *, origin: str) -> str:
         "properties": {
             "correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
-            "body_encoding": "base64", "delivery_tag": os.urandom(16).hex(),
+            "body_encoding": "utf-8", "delivery_tag": os.urandom(16).hex(),
         },
     }).decode()
 
