@@ -37,6 +37,7 @@ import redis.asyncio as aioredis
 from celery import Celery, bootsteps
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
+from orsplatform.runners.coalesce import Coalescer
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession, WorkerLost
 from orsplatform.runners.inline import InlineExecutor
 from orsplatform.runners.keys import GONE_RECORD, INLINE_PAYLOAD_BYTES, Keys, runner_identity
@@ -78,48 +79,6 @@ app.conf.update(
 )
 
 
-class Outbox:
-    """The node's writes to Redis, made on its event loop and coalesced: what is queued while one
-    pipeline is in flight goes out in the next, so under load many sessions' results share a round
-    trip, and the loop never blocks on Redis. Writes keep their order (a session's setup state
-    before its teardown's, a result's durable key before its wake-up)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.redis: aioredis.Redis | None = None  # made on the loop that uses it
-        # (key, value, seconds to live) for a SET; (channel, message, None) for a PUBLISH.
-        self.pending: list[tuple[str, bytes | str, int | None]] = []
-        self.task: asyncio.Task | None = None
-
-    def set(self, key: str, value: bytes | str, *, ttl: int) -> None:
-        self._put((key, value, ttl))
-
-    def publish(self, channel: str, message: bytes) -> None:
-        self._put((channel, message, None))
-
-    def _put(self, command: tuple[str, bytes | str, int | None]) -> None:
-        self.pending.append(command)
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._drain())
-
-    async def _drain(self) -> None:
-        if self.redis is None:
-            self.redis = aioredis.from_url(self.url)
-        while self.pending:
-            batch, self.pending = self.pending, []
-            pipe = self.redis.pipeline(transaction=False)
-            for target, value, ttl in batch:
-                if ttl is None:
-                    pipe.publish(target, value)
-                else:
-                    pipe.set(target, value, ex=ttl)
-            try:
-                await pipe.execute()
-            except Exception as exc:  # Redis away: gateways' polls find no result and report it
-                log.warning("could not write %d updates to Redis: %s", len(batch), exc)
-        self.task = None
-
-
 class Node:
     """The node's process-wide state: the executor on its loop, Redis, the calls already seen."""
 
@@ -128,7 +87,9 @@ class Node:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="ors-runner-loop", daemon=True)
         self.thread.start()
-        self.outbox = Outbox(REDIS_URL)
+        # Its writes (records, results, wake-ups), made on its loop and coalesced (coalesce.py):
+        # never blocking the loop, and many sessions' writes per round trip at load.
+        self.writes = Coalescer(aioredis.from_url(REDIS_URL))
         # Work handed over by the consumer thread, started on the loop in batches (see submit).
         self.inbox: deque = deque()
         self._drain_scheduled = False
@@ -152,8 +113,13 @@ class Node:
         for sid in sids:
             if sid in self.sessions:
                 message = {"kind": "state", "sid": sid, "state": "lost", "error": reason}
-                self.outbox.set(KEYS.state(sid), orjson.dumps({"state": "lost", "error": reason}), ttl=STATE_TTL)
-                self.outbox.publish(KEYS.sessions(self.hostname), encode(message))
+                self.record(sid, orjson.dumps({"state": "lost", "error": reason}), message)
+
+    def record(self, sid: str, record: bytes, message: dict[str, Any] | None = None) -> None:
+        """Write the session's record, and broadcast `message` to every gateway after it."""
+        self.writes.push(lambda pipe: pipe.set(KEYS.state(sid), record, ex=STATE_TTL))
+        if message is not None:
+            self.writes.push(lambda pipe: pipe.publish(KEYS.sessions(self.hostname), encode(message)))
 
     def submit(self, coro) -> None:
         """Run `coro` on the node's loop (called from the consumer thread). One wake-up of the
@@ -173,7 +139,7 @@ class Node:
 
     def publish(self, gateway: str, message: dict[str, Any]) -> None:
         if gateway:
-            self.outbox.publish(KEYS.gateway(gateway, self.hostname), encode(message))
+            self.writes.push(lambda pipe: pipe.publish(KEYS.gateway(gateway, self.hostname), encode(message)))
 
     def heartbeat_forever(self) -> None:
         while not self._stop.is_set():
@@ -276,8 +242,7 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
     message = {"kind": "state", "sid": spec.sid, **state}
     if len(encoded) > INLINE_PAYLOAD_BYTES:
         message.pop("prompt", None)
-    node.outbox.set(KEYS.state(spec.sid), encoded, ttl=STATE_TTL)
-    node.outbox.publish(KEYS.sessions(node.hostname), encode(message))
+    node.record(spec.sid, encoded, message)
     if state["state"] == "failed":  # nothing will run in it: free the node now, not at a /delete
         node.sessions.discard(spec.sid)
         await node.executor.stop(spec.sid)
@@ -285,8 +250,7 @@ async def _setup(spec: SessionSpec, gateway: str, owner: dict) -> None:
 
 async def _setup_refused(sid: str, gateway: str, owner: dict, error: str) -> None:
     state = {**owner, "state": "failed", "error": error}
-    node.outbox.set(KEYS.state(sid), orjson.dumps(state), ttl=STATE_TTL)
-    node.outbox.publish(KEYS.sessions(node.hostname), encode({"kind": "state", "sid": sid, **state}))
+    node.record(sid, orjson.dumps(state), {"kind": "state", "sid": sid, **state})
 
 
 async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:
@@ -314,7 +278,7 @@ async def _call(sid: str, task_id: str, name: str, tool_input: dict, timeout: fl
     message = {"kind": "call", "task_id": task_id}
     if len(encoded) <= INLINE_PAYLOAD_BYTES:
         message["payload"] = payload
-    node.outbox.set(KEYS.result(task_id), encoded, ttl=RESULT_TTL)
+    node.writes.push(lambda pipe: pipe.set(KEYS.result(task_id), encoded, ex=RESULT_TTL))
     node.publish(gateway, message)
 
 
@@ -330,9 +294,14 @@ async def _reply(gateway: str, request_id: str, fn) -> None:
     node.publish(gateway, message)
 
 
-async def _teardown(sid: str) -> None:
+async def _teardown(sid: str, settled: bool) -> None:
     node.sessions.discard(sid)
-    node.outbox.set(KEYS.state(sid), GONE_RECORD, ttl=STATE_TTL)
+    if not settled:
+        # The gateway wrote "gone" when it sent this, but setup may have ended since and written
+        # "ready" over it: say "gone" again, after setup's record. A gateway that had seen setup
+        # end (settled) wrote "gone" after that record (a worker that dies meanwhile may still
+        # write "lost" over it, which is answered 410 too).
+        node.record(sid, GONE_RECORD)
     await node.executor.stop(sid)
 
 
@@ -346,7 +315,10 @@ def handoff(task, app, consumer, **kwargs):
 
     def on_message(message, body, ack, reject, callbacks, **kw):
         try:
-            args, task_kwargs, _ = message.decode()
+            if message.content_type == "application/json":  # as message.decode(), in C
+                args, task_kwargs, _ = orjson.loads(message.body)
+            else:
+                args, task_kwargs, _ = message.decode()
             run(*args, **task_kwargs)
         except Exception:  # a malformed message must not stop the consumer
             log.exception("runner message %s could not be handled", message.headers.get("id"))
@@ -403,8 +375,8 @@ def task_tools(sid: str, request_id: str, gateway: str) -> None:
 
 
 @app.task(name="runners.node.teardown", Strategy=HANDOFF)
-def teardown(sid: str) -> None:
-    node.submit(_teardown(sid))
+def teardown(sid: str, settled: bool = False) -> None:
+    node.submit(_teardown(sid, settled))
 
 
 class _ScrubEnvironment(bootsteps.StartStopStep):

@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from celery.utils.nodenames import worker_direct
 from django.conf import settings
 
+from orsplatform.runners.coalesce import Coalescer
 from orsplatform.runners.executor import (
     CallOutcome,
     Executor,
@@ -83,6 +84,8 @@ class CeleryExecutor(Executor):
         self.keys = Keys(self.prefix)
         self.gateway = uuid.uuid4().hex[:12]
         self.redis = aioredis.from_url(settings.REDIS_URL)
+        # Requests' commands (work, records, markers, reads) share pipelines (coalesce.py).
+        self.batch = Coalescer(self.redis)
         self._runners: dict[str, str] = {}  # sid -> runner identity (keys.runner_identity)
         # Runner identity -> how many of `_runners` it holds, kept with it: place() reads it at
         # every /create, which must not cost a pass over every session this gateway knows.
@@ -187,7 +190,11 @@ class CeleryExecutor(Executor):
         return queue, celery_message(task, list(args), queue, origin=self.gateway)
 
     async def _send(self, task: str, runner: str, *args: Any) -> None:
-        await self.redis.lpush(*self._message(task, runner, *args))
+        queue, message = self._message(task, runner, *args)
+        await self.batch.run(lambda pipe: pipe.lpush(queue, message))
+
+    async def _get(self, key: str) -> bytes | None:
+        return (await self.batch.run(lambda pipe: pipe.get(key)))[0]
 
     async def runners(self) -> list[tuple[str, int, str]]:
         """Live runners (identity, session count, dedicated team), from heartbeats (cached 1 s)."""
@@ -213,7 +220,7 @@ class CeleryExecutor(Executor):
         ORS_RUNNER_GRACE_SECONDS ago (a restarted Redis loses every heartbeat at once; live nodes
         write theirs again within a second). A heartbeat of another start of the node means no."""
         hostname = runner_hostname(runner)
-        beating = heartbeat_identity(hostname, await self.redis.get(self.keys.runner(hostname)))
+        beating = heartbeat_identity(hostname, await self._get(self.keys.runner(hostname)))
         if beating is not None:
             self._missing_since.pop(runner, None)
             return beating == runner
@@ -265,13 +272,16 @@ class CeleryExecutor(Executor):
         self._remember(spec.sid, {"state": "starting", **owner})
         # The record first, then the work, in one round trip: another gateway can serve the
         # session from the record while setup runs.
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(self.keys.state(spec.sid), json.dumps({"state": "starting", **owner}),
-                 ex=int(settings.ORS_STATE_TTL_SECONDS))
-        pipe.lpush(*self._message("runners.node.setup", runner, spec.sid, spec.package_path, spec.entrypoint,
-                                  spec.task_spec, sealed, self.gateway, owner))
+        record = json.dumps({"state": "starting", **owner})
+        queue, message = self._message("runners.node.setup", runner, spec.sid, spec.package_path,
+                                       spec.entrypoint, spec.task_spec, sealed, self.gateway, owner)
+
+        def build(pipe) -> None:
+            pipe.set(self.keys.state(spec.sid), record, ex=int(settings.ORS_STATE_TTL_SECONDS))
+            pipe.lpush(queue, message)
+
         try:
-            await pipe.execute()
+            await self.batch.run(build)
         except BaseException:
             self.detach(spec.sid)  # the /create fails (503) and may be retried from scratch
             raise
@@ -283,7 +293,7 @@ class CeleryExecutor(Executor):
             return {}
         key = self._node_keys.get(runner)
         if key is None:
-            beat = decode(await self.redis.get(self.keys.runner(runner_hostname(runner)))) or {}
+            beat = decode(await self._get(self.keys.runner(runner_hostname(runner)))) or {}
             if runner_identity(runner_hostname(runner), beat.get("boot", "")) == runner and beat.get("key"):
                 key = self._node_keys[runner] = beat["key"]
         if key is None:
@@ -291,7 +301,7 @@ class CeleryExecutor(Executor):
         return seal(key, dict(spec.secrets), spec.sid)
 
     async def _state(self, sid: str) -> dict | None:
-        record = decode(await self.redis.get(self.keys.state(sid)))
+        record = decode(await self._get(self.keys.state(sid)))
         if record is not None:
             known = self._records.get(sid)
             # A read sent before the runner's update may answer after its broadcast: keep the newer.
@@ -408,13 +418,17 @@ class CeleryExecutor(Executor):
         event = self._watch(task_id)
         try:
             # The call's marker and the work in one round trip.
-            pipe = self.redis.pipeline(transaction=False)
-            if note is not None:
-                marker = {**note, "runner": runner, "gateway": self.gateway}
-                pipe.set(self.keys.call(task_id), json.dumps(marker), ex=int(settings.ORS_RESULT_TTL_SECONDS))
-                pipe.zadd(self.keys.calls, {task_id: time.time()})
-            pipe.lpush(*self._message("runners.node.call", runner, sid, task_id, name, input, timeout, self.gateway))
-            await pipe.execute()
+            marker = None if note is None else json.dumps({**note, "runner": runner, "gateway": self.gateway})
+            queue, message = self._message("runners.node.call", runner, sid, task_id, name, input, timeout,
+                                           self.gateway)
+
+            def build(pipe) -> None:
+                if marker is not None:
+                    pipe.set(self.keys.call(task_id), marker, ex=int(settings.ORS_RESULT_TTL_SECONDS))
+                    pipe.zadd(self.keys.calls, {task_id: time.time()})
+                pipe.lpush(queue, message)
+
+            await self.batch.run(build)
             return await self._await_result(task_id, runner, timeout, event)
         finally:
             self._unwatch(task_id, event)
@@ -429,20 +443,22 @@ class CeleryExecutor(Executor):
     async def _forget_soon(self) -> None:
         await asyncio.sleep(FORGET_BATCH_SECONDS)  # gathers the calls that finish meanwhile
         batch, self._forget = self._forget, []
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(*[self.keys.call(t) for t in batch])
-        pipe.zrem(self.keys.calls, *batch)
+
+        def build(pipe) -> None:
+            pipe.delete(*[self.keys.call(t) for t in batch])
+            pipe.zrem(self.keys.calls, *batch)
+
         try:
-            await pipe.execute()
+            await self.batch.run(build)
         except Exception as exc:  # they expire anyway; the sweeper skips calls already recorded
             log.warning("could not drop %d call markers: %s", len(batch), exc)
 
     async def call_record(self, task_id: str) -> dict | None:
-        return decode(await self.redis.get(self.keys.call(task_id)))
+        return decode(await self._get(self.keys.call(task_id)))
 
     async def result(self, task_id: str) -> dict | None:
         """A finished call's result as the runner left it (None while it runs)."""
-        return decode(await self.redis.get(self.keys.result(task_id)))
+        return decode(await self._get(self.keys.result(task_id)))
 
     async def wait_result(self, task_id: str, runner: str, timeout: float) -> CallOutcome:
         """Wait for a call started elsewhere (a reconnect on another gateway)."""
@@ -474,17 +490,23 @@ class CeleryExecutor(Executor):
                 return CallOutcome(exception=f"Runner {runner} did not answer in time.")
 
     async def stop(self, sid: str) -> None:
+        known = self._records.pop(sid, None)
+        # Whether setup's record was written before the "gone" below (this gateway has seen it):
+        # then the node need not write "gone" again after it (node._teardown).
+        settled = sid in self._ready or (known is not None and known.get("state") not in (None, "starting"))
         self._ready.discard(sid)
-        self._records.pop(sid, None)
         runner = self._release(sid)
         if runner is not None:
-            try:
+            queue, message = self._message("runners.node.teardown", runner, sid, settled)
+
+            def build(pipe) -> None:
                 # The record says "gone" at once, so no other gateway adopts the session while
                 # the teardown waits in the node's queue.
-                pipe = self.redis.pipeline(transaction=False)
                 pipe.set(self.keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
-                pipe.lpush(*self._message("runners.node.teardown", runner, sid))
-                await pipe.execute()
+                pipe.lpush(queue, message)
+
+            try:
+                await self.batch.run(build)
             except Exception as exc:
                 log.warning("could not send teardown of %s to %s: %s", sid, runner, exc)
 
@@ -493,4 +515,5 @@ class CeleryExecutor(Executor):
             await asyncio.gather(self._forget_task, return_exceptions=True)
         if self._listener is not None:
             self._listener.cancel()
+        await self.batch.flush()
         await self.redis.aclose()
