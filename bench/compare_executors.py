@@ -2,12 +2,16 @@
 
     cd /work/main && .venv/bin/python bench/compare_executors.py --concurrency 16 --duration 20
 
-Three sides, one after the other, each alone on the machine: the reference `ors.Server` hosting
+Sides, one after the other, each alone on the machine: the reference `ors.Server` hosting
 envs/math; the platform with the inline executor (one uvicorn gateway); the platform with the
-celery executor (two uvicorn gateways, requests rotating between them with no stickiness, two
-runner nodes). PostgreSQL (a throwaway database) and Redis (a throwaway key prefix) are used for
-both platform sides. Prints the three tables, then episodes/s and /call p50 side by side with the
-celery-minus-inline p50 difference (target: at most +2 ms, issue #12).
+celery executor in each layout of --layouts (GATEWAYSxRUNNERS; requests rotate between the
+gateways with no stickiness, so with two every episode is served by both). The default measures
+1x1, the layout two CPUs fit (one gateway beside one runner node, as a production machine of each
+kind would run), and 2x2, which proves any gateway serves any session but runs twice the processes
+on the same two CPUs. PostgreSQL (a throwaway database per side) and Redis (a throwaway key prefix)
+are used by every platform side. Prints the tables, then episodes/s and /call p50 side by side,
+CPU per episode by process group, and each layout's celery / inline ratio (target: at most 2x)
+and /call p50 difference (target: at most +2 ms at concurrency 1), issue #12.
 """
 
 from __future__ import annotations
@@ -182,13 +186,24 @@ def database() -> contextlib.AbstractContextManager[str]:
     return contextlib.nullcontext(url) if url.startswith("postgres") else postgres_database()
 
 
+def layouts(text: str) -> list[tuple[int, int]]:
+    """ "1x1,2x2" -> [(1, 1), (2, 2)] (gateways x runners)."""
+    try:
+        pairs = [tuple(int(n) for n in part.split("x")) for part in text.split(",") if part]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise argparse.ArgumentTypeError(f"layouts look like 1x1,2x2 (gateways x runners), not {text!r}")
+    return pairs  # type: ignore[return-value]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--duration", type=float, default=20)
     parser.add_argument("--warmup", type=float, default=3)
-    parser.add_argument("--gateways", type=int, default=2)
-    parser.add_argument("--runners", type=int, default=2)
+    parser.add_argument("--layouts", type=layouts, default=[(1, 1), (2, 2)],
+                        help="celery layouts to measure, GATEWAYSxRUNNERS, comma-separated (default 1x1,2x2)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     install_fast_loop()
@@ -200,24 +215,32 @@ def main(argv: list[str] | None = None) -> int:
         results["reference"] = bench_reference(ROOT / "envs" / "math" / "env.py", load, workdir, 60)
         with database() as database_url:
             results["inline"] = bench_inline(database_url, load, workdir)
-        with database() as database_url:
-            results["celery"] = bench_celery(database_url, load, workdir, args.gateways, args.runners)
+        for gateways, runners in args.layouts:
+            with database() as database_url:
+                results[f"celery {gateways}x{runners}"] = bench_celery(database_url, load, workdir, gateways, runners)
     for name, result in results.items():
         print(format_table(result, title=name))
     print("== side by side ==")
-    print(f"{'side':<10} {'episodes/s':>11} {'call p50 ms':>12} {'call p99 ms':>12} {'errors':>7}")
+    print(f"{'side':<12} {'episodes/s':>11} {'call p50 ms':>12} {'call p99 ms':>12} {'errors':>7}")
     for name, result in results.items():
         call = result["endpoints"].get("call", {})
-        print(f"{name:<10} {result['episodes_per_s']:>11.1f} {call.get('p50_ms', 0):>12.2f} "
+        print(f"{name:<12} {result['episodes_per_s']:>11.1f} {call.get('p50_ms', 0):>12.2f} "
               f"{call.get('p99_ms', 0):>12.2f} {result['errors']:>7}")
     print("== CPU per episode (ms), machine busy ==")
-    for name in ("inline", "celery"):
-        cpu = results[name]["cpu"]
+    totals = {}
+    for name, result in results.items():
+        if name == "reference":
+            continue
+        cpu = result["cpu"]
         parts = "  ".join(f"{group} {v['ms_per_episode']:.2f}" for group, v in cpu.items())
-        total = sum(v["ms_per_episode"] for v in cpu.values())
-        print(f"{name:<10} {parts}  = {total:.2f} ms; machine {results[name]['machine_busy_percent']:.0f} % busy")
-    diff = results["celery"]["endpoints"]["call"]["p50_ms"] - results["inline"]["endpoints"]["call"]["p50_ms"]
-    print(f"celery - inline /call p50: {diff:+.2f} ms (target <= +2 ms)")
+        totals[name] = sum(v["ms_per_episode"] for v in cpu.values())
+        print(f"{name:<12} {parts}  = {totals[name]:.2f} ms; machine {result['machine_busy_percent']:.0f} % busy")
+    inline_p50 = results["inline"]["endpoints"]["call"]["p50_ms"]
+    for name in totals:
+        if name.startswith("celery"):
+            diff = results[name]["endpoints"]["call"]["p50_ms"] - inline_p50
+            print(f"{name}: CPU per episode {totals[name] / totals['inline']:.2f}x inline (target <= 2x); "
+                  f"/call p50 {diff:+.2f} ms (target <= +2 ms at concurrency 1)")
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=2))
     return 0
