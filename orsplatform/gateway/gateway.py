@@ -70,6 +70,7 @@ class EpisodeGateway:
         self.pending: dict[str, PendingSid] = {}
         self.deferred: dict[str, DeferredEpisode] = {}
         self.calls = CallRunner(executor=self.executor, store=self.store, spawn=self.spawn)
+        self.executor.on_gone = self._ended_elsewhere
         self._reaper: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
 
@@ -318,6 +319,14 @@ class EpisodeGateway:
         self.executor.attach(sid, runner)
         self.sessions[sid] = live
         return live
+
+    def _ended_elsewhere(self, sid: str) -> None:
+        """A shared session ended through another gateway: this gateway's copy goes now, rather
+        than being served until its cache time runs out and its activity written for a minute."""
+        live = self.sessions.get(sid)
+        if live is not None and not live.deleted:
+            self.sessions.pop(sid, None)
+            self.executor.detach(sid)
 
     async def _gone_error(self, caller: Caller, sid: str) -> GatewayError:
         row = await self.store.session_for(caller, sid)

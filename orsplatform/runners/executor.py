@@ -4,6 +4,7 @@ keeps instances on other machines (Celery runner nodes) slots in without touchin
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,9 @@ class RunnerUnavailable(Exception):
 class Executor(ABC):
     # Whether sessions live outside the gateway process (so any gateway may serve any session).
     shared: bool = False
+    # Set by the gateway: called with a session's id when a shared executor hears that another
+    # gateway ended it, so this gateway stops serving (and writing the activity of) its copy.
+    on_gone: Callable[[str], None] | None = None
 
     async def place(self, team: str | None = None) -> str:
         """Choose where a new session of `team` (a slug) runs; the name is recorded on the session."""

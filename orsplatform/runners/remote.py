@@ -149,7 +149,13 @@ class CeleryExecutor(Executor):
             return
         if kind == "state":
             sid = message.get("sid", "")
-            self._remember(sid, message)
+            if message.get("state") == "gone":  # ended through a gateway (stop() below)
+                self._ready.discard(sid)
+                self._records.pop(sid, None)  # a waiter reads the record: gone
+                if message.get("by") != self.gateway and self.on_gone is not None:
+                    self.on_gone(sid)
+            else:
+                self._remember(sid, message)
             if message.get("state") == "lost":
                 self._ready.discard(sid)  # wait_ready reads the record again: 410 with the reason
             waiters = self._wakeups.get(sid, ())
@@ -498,12 +504,14 @@ class CeleryExecutor(Executor):
         runner = self._release(sid)
         if runner is not None:
             queue, message = self._message("runners.node.teardown", runner, sid, settled)
+            gone = orjson.dumps({"kind": "state", "sid": sid, "state": "gone", "by": self.gateway})
 
             def build(pipe) -> None:
                 # The record says "gone" at once, so no other gateway adopts the session while
-                # the teardown waits in the node's queue.
+                # the teardown waits in the node's queue; gateways that serve it drop their copy.
                 pipe.set(self.keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
                 pipe.lpush(queue, message)
+                pipe.publish(self.keys.sessions("platform"), gone)
 
             try:
                 await self.batch.run(build)

@@ -25,8 +25,23 @@ BATCH = 32  # at most the node's prefetch window (node.py), so the consumer neve
 
 
 class Channel(kombu_redis.Channel):
+    _batched: bool | None = None  # whether BLMPOP is used here (decided at the first poll)
+
+    def _uses_blmpop(self) -> bool:
+        if self._batched is None:
+            # BLMPOP came with Redis 7; HELLO (Redis 6, and allowed to a node's ACL user) says
+            # which server this is. Prefixed keys are rewritten per command: kombu knows only BRPOP.
+            try:
+                hello = self.client.execute_command("HELLO")
+                info = hello if isinstance(hello, dict) else dict(zip(hello[::2], hello[1::2], strict=False))
+                version = bytes_to_str(info.get(b"version", info.get("version", b"0")))
+                self._batched = not self.global_keyprefix and int(version.split(".")[0]) >= 7
+            except Exception:  # an older server, or one that will not say: one message per poll
+                self._batched = False
+        return self._batched
+
     def _brpop_start(self, timeout=None):
-        if self.global_keyprefix:  # prefixed keys are rewritten per command: kombu knows only BRPOP
+        if not self._uses_blmpop():
             return super()._brpop_start(timeout)
         if timeout is None:
             timeout = self.brpop_timeout
@@ -39,7 +54,7 @@ class Channel(kombu_redis.Channel):
         self.client.connection.send_command("BLMPOP", timeout or 0, len(keys), *keys, "RIGHT", "COUNT", BATCH)
 
     def _brpop_read(self, **options):
-        if self.global_keyprefix:
+        if not self._uses_blmpop():
             return super()._brpop_read(**options)
         try:
             try:

@@ -149,6 +149,24 @@ def test_two_gateways_serve_one_session_interchangeably(cluster, server_factory,
     assert Session.objects.get(sid=sid).calls == 2
 
 
+def test_a_session_deleted_through_one_gateway_is_dropped_at_once_by_the_others(cluster, server_factory, owner,
+                                                                                member, outsider):
+    # A session cache long enough that only the deleting gateway's broadcast can explain B's 410.
+    cluster.start_runner()
+    a = server_factory(**cluster.env(), ORS_SESSION_CACHE_SECONDS="300")
+    b = server_factory(**cluster.env(), ORS_SESSION_CACHE_SECONDS="300")
+    sid = open_session(a.url, owner, env="math")
+    assert httpx.get(f"{b.url}/math/prompt", headers=h(owner, sid), timeout=30).status_code == 200
+    assert httpx.post(f"{b.url}/ping", headers=h(member, sid)).status_code == 200  # B serves its copy
+    assert httpx.post(f"{b.url}/ping", headers=h(outsider, sid)).status_code == 404  # to its team only
+
+    assert httpx.post(f"{a.url}/delete", headers=h(owner, sid)).status_code == 200
+    wait_until(lambda: httpx.post(f"{b.url}/ping", headers=h(owner, sid)).status_code == 410, 10, "410 on B")
+    r = httpx.get(f"{b.url}/math/prompt", headers=h(member, sid), timeout=30)
+    assert r.status_code == 410 and r.json() == {"detail": "Session was deleted."}
+    assert httpx.post(f"{b.url}/ping", headers=h(outsider, sid)).status_code == 404
+
+
 def test_a_killed_runner_ends_its_calls_with_an_error_and_spares_other_runners(cluster, server_factory, owner):
     first, second = cluster.start_runner(), cluster.start_runner()
     cluster.start_platform_worker()
