@@ -1,0 +1,103 @@
+"""The celery executor's shared pipelines (runners/coalesce.py), against the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+
+import redis.asyncio as aioredis
+
+from orsplatform.runners.coalesce import Coalescer
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+class CountingRedis(aioredis.Redis):
+    """Counts the pipelines sent: the round trips the callers share."""
+
+    pipelines = 0
+
+    def pipeline(self, *args, **kwargs):
+        CountingRedis.pipelines += 1
+        return super().pipeline(*args, **kwargs)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_concurrent_callers_share_round_trips_and_each_gets_its_own_replies_in_order():
+    client = CountingRedis.from_url(REDIS_URL)
+    CountingRedis.pipelines = 0
+    batch = Coalescer(client)
+    key = f"test-coalesce-{uuid.uuid4().hex}"
+    try:
+        def two(pipe):
+            pipe.incr(key)
+            pipe.incr(key)
+
+        replies = await asyncio.gather(*[batch.run(two) for _ in range(50)])
+        # Every caller's two increments are adjacent and in call order: 1,2 then 3,4 ...
+        assert replies == [[2 * i + 1, 2 * i + 2] for i in range(50)]
+        # The first pipeline leaves with the first caller; the other 49 gather behind it.
+        assert CountingRedis.pipelines == 2
+        assert await batch.run(lambda pipe: pipe.get(key)) == [b"100"]
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
+async def test_a_lone_caller_is_sent_at_once_and_commands_nobody_awaits_still_go_out_in_order():
+    client = aioredis.from_url(REDIS_URL)
+    batch = Coalescer(client)
+    key = f"test-coalesce-{uuid.uuid4().hex}"
+    try:
+        batch.push(lambda pipe: pipe.rpush(key, "a"))
+        batch.push(lambda pipe: pipe.rpush(key, "b"))
+        assert await batch.run(lambda pipe: pipe.lrange(key, 0, -1)) == [[b"a", b"b"]]
+        batch.push(lambda pipe: pipe.rpush(key, "c"))
+        await batch.flush()
+        assert await client.lrange(key, 0, -1) == [b"a", b"b", b"c"]
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
+async def test_a_failed_round_trip_raises_in_every_waiting_caller_and_logs_what_nobody_awaited(caplog):
+    client = aioredis.from_url(f"redis://127.0.0.1:{closed_port()}/0", socket_connect_timeout=1)
+    batch = Coalescer(client)
+    try:
+        with caplog.at_level(logging.WARNING, logger="orsplatform.runners.coalesce"):
+            batch.push(lambda pipe: pipe.set("never", "written"))
+            outcomes = await asyncio.gather(*[batch.run(lambda pipe: pipe.get("x")) for _ in range(3)],
+                                            return_exceptions=True)
+            await batch.flush()
+        assert all(isinstance(o, ConnectionError) or "connect" in str(o).lower() for o in outcomes), outcomes
+        assert len(outcomes) == 3 and not any(isinstance(o, list) for o in outcomes)
+        assert any("could not send" in r.getMessage() for r in caplog.records)
+    finally:
+        await client.aclose()
+
+
+async def test_a_cancelled_caller_does_not_stop_the_others():
+    client = aioredis.from_url(REDIS_URL)
+    batch = Coalescer(client)
+    key = f"test-coalesce-{uuid.uuid4().hex}"
+    try:
+        first = asyncio.ensure_future(batch.run(lambda pipe: pipe.incr(key)))
+        gone = asyncio.ensure_future(batch.run(lambda pipe: pipe.incr(key)))
+        last = asyncio.ensure_future(batch.run(lambda pipe: pipe.incr(key)))
+        await asyncio.sleep(0)  # all three have queued their commands
+        gone.cancel()  # e.g. its client disconnected
+        assert await first == [1]
+        # A caller that went away still had its commands sent (they were queued): the count says 3.
+        assert await last == [3]
+        assert gone.cancelled()
+    finally:
+        await client.delete(key)
+        await client.aclose()
