@@ -178,6 +178,22 @@ def bench_celery(database_url: str, load: LoadConfig, workdir: Path, gateways: i
     finally:
         for node in nodes:
             stop_process(node)
+        forget_prefix(prefix)
+
+
+def forget_prefix(prefix: str) -> None:
+    """Delete the run's keys (session records live a day): a shared Redis is left as it was found."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    batch = []
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            client.unlink(*batch)
+            batch = []
+    if batch:
+        client.unlink(*batch)
 
 
 def database() -> contextlib.AbstractContextManager[str]:

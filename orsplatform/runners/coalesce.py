@@ -65,7 +65,8 @@ class Coalescer:
             build(pipe)
             spans.append((start, len(pipe.command_stack)))
         try:
-            replies = await pipe.execute()
+            # A command's error is its caller's alone (returned in place); a lost connection is everyone's.
+            replies = await pipe.execute(raise_on_error=False)
         except Exception as exc:
             waiting = [future for _, future in batch if future is not None]
             if len(waiting) < len(batch):  # nobody will see it otherwise
@@ -75,5 +76,13 @@ class Coalescer:
                     future.set_exception(exc)
             return
         for (_, future), (start, end) in zip(batch, spans, strict=True):
-            if future is not None and not future.done():
-                future.set_result(replies[start:end])
+            mine = replies[start:end]
+            error = next((r for r in mine if isinstance(r, Exception)), None)
+            if future is None:
+                if error is not None:
+                    log.warning("a Redis command failed: %s", error)
+            elif not future.done():
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(mine)

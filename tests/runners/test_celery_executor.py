@@ -13,7 +13,7 @@ from openreward import OpenReward
 from ors.client import ORS
 
 from orsplatform.episodes.models import Session, ToolCall
-from orsplatform.runners.keys import runner_hostname
+from orsplatform.runners.keys import Keys, runner_hostname
 from tests.fixtures.celery import wait_until
 from tests.fixtures.ors import parse_sse, sse_result
 
@@ -328,10 +328,11 @@ def test_a_call_whose_gateway_died_is_recorded_from_the_runners_result(cluster, 
 
     thread = threading.Thread(target=start_long_call)
     thread.start()
-    markers = wait_until(lambda: list(cluster.redis.scan_iter(match=f"{cluster.prefix}:call:*")), 15, "call started")
+    # The running calls' index, not a SCAN: a shared Redis may hold many keys of other runs.
+    running = wait_until(lambda: cluster.redis.zrange(Keys(cluster.prefix).calls, 0, -1), 15, "call started")
     doomed.process.kill()
     thread.join(timeout=30)
-    task_id = markers[0].decode().rsplit(":", 1)[1]
+    task_id = running[0].decode()
     call = wait_until(lambda: ToolCall.objects.filter(task_id=task_id).first(), 30, "recorded by the sweeper")
     assert call.status == "ok" and call.reward == 1.0 and call.name == "run"
     # And a surviving gateway serves the session and the reconnect.

@@ -11,6 +11,7 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from orsplatform.runners.coalesce import Coalescer
 
@@ -82,6 +83,17 @@ async def test_a_failed_round_trip_raises_in_every_waiting_caller_and_logs_what_
         assert any("could not send" in r.getMessage() for r in caplog.records)
     finally:
         await client.aclose()
+
+
+async def test_a_command_that_fails_fails_only_its_own_caller(shared):
+    batch, key, client = shared
+    good = asyncio.ensure_future(batch.run(lambda pipe: pipe.incr(key)))
+    bad = asyncio.ensure_future(batch.run(lambda pipe: pipe.execute_command("NO-SUCH-COMMAND")))
+    also_good = asyncio.ensure_future(batch.run(lambda pipe: pipe.incr(key)))
+    outcomes = await asyncio.gather(good, bad, also_good, return_exceptions=True)
+    assert outcomes[0] == [1] and outcomes[2] == [2]
+    assert isinstance(outcomes[1], ResponseError) and "NO-SUCH-COMMAND" in str(outcomes[1]).upper()
+    assert CountingRedis.pipelines == 1  # they did share the round trip
 
 
 async def test_a_cancelled_caller_does_not_stop_the_others(shared):

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from orsplatform.episodes.models import Session, ToolCall
+from orsplatform.runners.keys import Keys
 from tests.fixtures.celery import wait_until
 from tests.fixtures.ors import parse_sse
 
@@ -105,9 +106,11 @@ def episode(client: httpx.Client, person, answer: str, record: list[Answer], kee
 
 
 def running_call_of(cluster, sid: str) -> bool:
-    """The session has a call running: the gateway keeps a marker in Redis until its row is written."""
-    for key in cluster.redis.scan_iter(match=f"{cluster.prefix}:call:*"):
-        raw = cluster.redis.get(key)
+    """The session has a call running: the gateway keeps a marker in Redis until its row is written,
+    indexed in the running calls' sorted set (read that, not a SCAN of a shared server's keys)."""
+    keys = Keys(cluster.prefix)
+    for task_id in cluster.redis.zrange(keys.calls, 0, -1):
+        raw = cluster.redis.get(keys.call(task_id.decode()))
         if raw is not None and json.loads(raw).get("sid") == sid:
             return True
     return False
