@@ -60,10 +60,23 @@ class Coalescer:
     async def _send(self, batch: list[tuple[Build, asyncio.Future | None]]) -> None:
         pipe = self.client.pipeline(transaction=False)
         spans = []
-        for build, _ in batch:
+        kept = []
+        for build, future in batch:
             start = len(pipe.command_stack)
-            build(pipe)
+            try:
+                build(pipe)
+            except Exception as exc:  # a caller's own mistake: its caller hears of it, not the rest
+                del pipe.command_stack[start:]
+                if future is None:
+                    log.exception("could not build Redis commands")
+                elif not future.done():
+                    future.set_exception(exc)
+                continue
+            kept.append((build, future))
             spans.append((start, len(pipe.command_stack)))
+        batch = kept
+        if not batch:
+            return
         try:
             # A command's error is its caller's alone (returned in place); a lost connection is everyone's.
             replies = await pipe.execute(raise_on_error=False)

@@ -96,6 +96,19 @@ async def test_a_command_that_fails_fails_only_its_own_caller(shared):
     assert CountingRedis.pipelines == 1  # they did share the round trip
 
 
+async def test_a_caller_whose_commands_cannot_be_built_is_told_and_the_others_are_sent(shared):
+    batch, key, client = shared
+
+    def broken(pipe):
+        pipe.incr(key)
+        raise ValueError("no such thing")
+
+    outcomes = await asyncio.gather(batch.run(lambda pipe: pipe.incr(key)), batch.run(broken),
+                                    batch.run(lambda pipe: pipe.incr(key)), return_exceptions=True)
+    assert outcomes[0] == [1] and outcomes[2] == [2]  # the broken caller's half-built command is dropped
+    assert isinstance(outcomes[1], ValueError)
+
+
 async def test_a_cancelled_caller_does_not_stop_the_others(shared):
     batch, key, client = shared
     first = asyncio.ensure_future(batch.run(lambda pipe: pipe.incr(key)))
