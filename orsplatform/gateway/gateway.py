@@ -284,8 +284,7 @@ class EpisodeGateway:
             if row is not None and row.status in OPEN:
                 live.adopted_at = time.monotonic()
             else:
-                self.sessions.pop(sid, None)
-                self.executor.detach(sid)
+                self._drop_copy(sid)
                 if live.holds_slot:  # ended elsewhere (another gateway, the beat): free its slot now
                     await self.limits.release_session(live.team_id, sid)
                 raise await self._gone_error(caller, sid)
@@ -320,13 +319,17 @@ class EpisodeGateway:
         self.sessions[sid] = live
         return live
 
+    def _drop_copy(self, sid: str) -> None:
+        """Stop serving a shared session here (its instance and its row are left alone)."""
+        self.sessions.pop(sid, None)
+        self.executor.detach(sid)
+
     def _ended_elsewhere(self, sid: str) -> None:
         """A shared session ended through another gateway: this gateway's copy goes now, rather
         than being served until its cache time runs out and its activity written for a minute."""
         live = self.sessions.get(sid)
         if live is not None and not live.deleted:
-            self.sessions.pop(sid, None)
-            self.executor.detach(sid)
+            self._drop_copy(sid)
 
     async def _gone_error(self, caller: Caller, sid: str) -> GatewayError:
         row = await self.store.session_for(caller, sid)
@@ -502,8 +505,7 @@ class EpisodeGateway:
         timeout = settings.ORS_IDLE_TIMEOUT_SECONDS
         for live in list(self.sessions.values()):
             if live.adopted_at is not None and now - live.adopted_at > max(timeout, 60):
-                self.sessions.pop(live.sid, None)  # a cached copy nobody asked for in a long while
-                self.executor.detach(live.sid)
+                self._drop_copy(live.sid)  # a cached copy nobody asked for in a long while
                 continue
             if self.executor.shared:
                 # Idle expiry is the beat's job (it sees every gateway's activity). A call running

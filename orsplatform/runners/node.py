@@ -117,9 +117,12 @@ class Node:
 
     def record(self, sid: str, record: bytes, message: dict[str, Any] | None = None) -> None:
         """Write the session's record, and broadcast `message` to every gateway after it."""
-        self.writes.push(lambda pipe: pipe.set(KEYS.state(sid), record, ex=STATE_TTL))
-        if message is not None:
-            self.writes.push(lambda pipe: pipe.publish(KEYS.sessions(self.hostname), encode(message)))
+        def build(pipe) -> None:
+            pipe.set(KEYS.state(sid), record, ex=STATE_TTL)
+            if message is not None:
+                pipe.publish(KEYS.sessions(self.hostname), encode(message))
+
+        self.writes.push(build)
 
     def submit(self, coro) -> None:
         """Run `coro` on the node's loop (called from the consumer thread). One wake-up of the

@@ -111,10 +111,16 @@ async def test_a_caller_whose_commands_cannot_be_built_is_told_and_the_others_ar
 
 async def test_a_cancelled_caller_does_not_stop_the_others(shared):
     batch, key, client = shared
+    built = asyncio.Event()
+
+    def incr_and_note(pipe):
+        pipe.incr(key)
+        built.set()
+
     first = asyncio.ensure_future(batch.run(lambda pipe: pipe.incr(key)))
-    gone = asyncio.ensure_future(batch.run(lambda pipe: pipe.incr(key)))
+    gone = asyncio.ensure_future(batch.run(incr_and_note))
     last = asyncio.ensure_future(batch.run(lambda pipe: pipe.incr(key)))
-    await asyncio.sleep(0)  # all three have queued their commands
+    await asyncio.wait_for(built.wait(), 5)  # its commands are in the pipeline being sent
     gone.cancel()  # e.g. its client disconnected
     assert await first == [1]
     # A caller that went away still had its commands sent (they were queued): the count says 3.
