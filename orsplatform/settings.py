@@ -248,6 +248,10 @@ ORS_INSPECT_TIMEOUT_SECONDS = env_float("ORS_INSPECT_TIMEOUT_SECONDS", 120.0)
 # address space and file size here); uploads above the byte limits answer 413.
 ORS_INSPECT_MEMORY_BYTES = env_int("ORS_INSPECT_MEMORY_BYTES", 1024 * 1024 * 1024)
 ORS_INSPECT_FILE_BYTES = env_int("ORS_INSPECT_FILE_BYTES", 1024 * 1024 * 1024)
+# What a validation child may hand back over its pipe (its report and the tasks its class lists,
+# which the platform writes to a folder of its own): past it the child is stopped and the publish
+# fails; larger task sets belong in task files. docs/sandbox-inspection.md.
+ORS_INSPECT_RESULT_BYTES = env_int("ORS_INSPECT_RESULT_BYTES", 128 * 1024 * 1024)
 ORS_MAX_PACKAGE_BYTES = env_int("ORS_MAX_PACKAGE_BYTES", 64 * 1024 * 1024)
 ORS_MAX_PACKAGE_UNPACKED_BYTES = env_int("ORS_MAX_PACKAGE_UNPACKED_BYTES", 512 * 1024 * 1024)
 ORS_MAX_PACKAGE_FILES = env_int("ORS_MAX_PACKAGE_FILES", 5000)

@@ -25,7 +25,7 @@ from orsplatform.catalog.errors import one_line, tenant_output
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.celery import task
-from orsplatform.runners.inspection import run_child
+from orsplatform.runners.inspection import Results, run_child
 from orsplatform.teams.models import Team
 from orsplatform.teams.services import validate_slug
 
@@ -110,6 +110,7 @@ logger = logging.getLogger(__name__)
 TASK_FILE_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 MANIFEST_LIST_FIELDS = ("required_secrets", "requirements")
 MAX_TOOL_TIMEOUT_SECONDS = 24 * 3600
+ENTRYPOINT = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 def manifest_validate(manifest: dict) -> dict:
@@ -121,7 +122,7 @@ def manifest_validate(manifest: dict) -> dict:
         if key in manifest and not isinstance(manifest[key], str):
             raise fail(f"'{key}' must be a string.")
     entrypoint = manifest.get("entrypoint")
-    if entrypoint is not None and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", entrypoint):
+    if entrypoint is not None and not ENTRYPOINT.fullmatch(entrypoint):
         raise fail(f"entrypoint {entrypoint!r} must look like 'module:Class'.")
     if "visibility" in manifest and manifest["visibility"] not in Environment.Visibility.values:
         raise fail(f"unknown visibility {manifest['visibility']!r} (public or private).")
@@ -140,29 +141,60 @@ def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None
              runtime: str | None = None) -> dict:
     """The inspector's report on ``package_dir`` (runners/inspector.py, run as a contained child by
     runners/inspection.py: the workers' sandbox, a wall-clock limit, memory and file-size rlimits,
-    its whole process group killed at the end), or PublishError."""
-    args = [entrypoint, "{work}"]
-    if sample is not None:
-        (work / "sample.json").write_text(json.dumps(sample))
-        args.append("{work}/sample.json")
+    its whole process group killed at the end), or PublishError. The child sees neither ``work``
+    nor any other host folder it could write: its results come back over its pipe, and the tasks
+    its class lists are written by the platform to ``work/tasks/<n>.jsonl``."""
     timeout = settings.ORS_INSPECT_TIMEOUT_SECONDS
-    run = run_child(module="inspector", package_dir=package_dir, work=work, args=args, timeout=timeout,
-                    runtime=runtime)
-    try:
-        report = json.loads((work / "report.json").read_text())
-    except (OSError, ValueError):
-        report = {}
-    stage = report.get("check", "start")
+    results = Results(max_bytes=settings.ORS_INSPECT_RESULT_BYTES, tasks_dir=work / "tasks")
+    run = run_child(module="inspector", package_dir=package_dir, args=[entrypoint], timeout=timeout,
+                    feed=json.dumps({"sample": sample}).encode(), results=results, runtime=runtime)
+    report = results.report() or {}
+    stage = str(report.get("check", "start"))[:40]
+    if run.refused:
+        raise PublishError(f"Validation stopped during the '{stage}' check: the validation process {run.refused}.",
+                           check="output", traceback=tenant_output(run.output, package_dir))
     if not run.exited:
         raise PublishError(f"Validation timed out after {timeout:g} s during the '{stage}' check; "
                            "the validation process and its children were killed.", check="timeout",
                            traceback=tenant_output(run.output, package_dir))
-    if report.get("ok"):
-        return report
+    if report.get("ok") is True:
+        return _report_checked(report, results)
     if "error" in report:
-        raise PublishError(report["error"], check=report.get("check", ""), traceback=report.get("traceback", ""))
+        raise PublishError(str(report["error"])[:4000], check=stage, traceback=str(report.get("traceback", ""))[-20000:])
     raise PublishError(f"The validation process ended ({run.how()}) during the '{stage}' check without a report.",
                        check="process", traceback=tenant_output(run.output, package_dir))
+
+
+def _report_checked(report: dict, results: Results) -> dict:
+    """The report as the rest of publishing uses it, or PublishError: tenant code runs in the
+    process that writes it and could have written anything. Task counts are the platform's own
+    (the lines it wrote), for the splits whose class lists tasks."""
+    def bad(what: str) -> PublishError:
+        return PublishError(f"The validation process handed back a malformed report ({what}).", check="report")
+
+    entrypoint, tools, splits = report.get("entrypoint"), report.get("tools"), report.get("splits")
+    if not isinstance(entrypoint, str) or not ENTRYPOINT.fullmatch(entrypoint) or len(entrypoint) > 200:
+        raise bad("entrypoint")
+    if not isinstance(tools, list) or not tools or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                                          for t in tools):
+        raise bad("tools")
+    if not isinstance(splits, list) or not splits or not all(isinstance(s, dict) for s in splits):
+        raise bad("splits")
+    for split in splits:
+        if split.get("type") not in Split.Type.values or not isinstance(split.get("name"), str):
+            raise bad("splits")
+        try:
+            ingest.validate_split_name(split["name"])
+        except IngestError as exc:
+            raise PublishError(f"list_splits(): {exc}", check="splits") from exc
+    names = [s["name"] for s in splits]
+    if len(set(names)) != len(names):
+        raise bad("splits")
+    claimed = report.get("task_counts")
+    claimed = claimed if isinstance(claimed, dict) else {}
+    report["task_counts"] = {name: None if claimed.get(name) is None else results.counts.get(position, 0)
+                             for position, name in enumerate(names)}
+    return report
 
 
 def package_task_files(root: Path) -> dict[str, tuple[Path, str]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 from django.core.cache import cache
 
 from orsplatform.catalog.models import EnvironmentVersion
-from orsplatform.runners.inspection import run_child
+from orsplatform.runners.inspection import Results, run_child
 
 PROMPT_TIMEOUT_SECONDS = 20.0
 MAX_PROMPT_BYTES = 2 * 1024 * 1024
@@ -38,20 +37,32 @@ def task_prompt_render(*, version: EnvironmentVersion, spec: Any) -> dict:
     cached = cache.get(key)
     if cached is not None:
         return cached
-    with tempfile.TemporaryDirectory(prefix="orsprompt-") as tmp:
-        work = Path(tmp)
-        (work / "spec.json").write_text(json.dumps(spec))
-        run = run_child(module="prompt_render", package_dir=Path(version.package_path), work=work,
-                        args=[version.entrypoint, "{work}/spec.json", "{work}/out.json"],
-                        timeout=PROMPT_TIMEOUT_SECONDS)
-        out = work / "out.json"
-        if not run.exited:
-            result = {"ok": False, "error": f"get_prompt() did not answer within {PROMPT_TIMEOUT_SECONDS:g} s."}
-        elif not out.is_file() or out.stat().st_size > MAX_PROMPT_BYTES:
-            result = {"ok": False, "error": "The prompt could not be rendered (the process ended without one, "
-                                            "or it was larger than 2 MiB)."}
-        else:
-            result = json.loads(out.read_text())
+    # The spec goes in on the child's stdin and the answer comes back on its stdout: nothing of
+    # the host is writable from it, and nothing it could have written is opened here.
+    results = Results(max_bytes=MAX_PROMPT_BYTES)
+    run = run_child(module="prompt_render", package_dir=Path(version.package_path), args=[version.entrypoint],
+                    feed=json.dumps(spec).encode(), timeout=PROMPT_TIMEOUT_SECONDS, results=results)
+    answer = results.report()
+    if run.refused:
+        result = {"ok": False, "error": "The prompt could not be rendered (it was larger than 2 MiB, or the "
+                                        "process handed back something else)."}
+    elif not run.exited:
+        result = {"ok": False, "error": f"get_prompt() did not answer within {PROMPT_TIMEOUT_SECONDS:g} s."}
+    elif not _answer_valid(answer):
+        result = {"ok": False, "error": "The prompt could not be rendered (the process ended without one)."}
+    else:
+        result = {"ok": True, "blocks": answer["blocks"]} if answer["ok"] else {"ok": False,
+                                                                               "error": answer["error"][:2000]}
     result["rendered_at"] = time.time()
     cache.set(key, result, None)
     return result
+
+
+def _answer_valid(answer: Any) -> bool:
+    """The child's answer has the shape the page renders (tenant code could have written any)."""
+    if not isinstance(answer, dict) or answer.get("ok") not in (True, False):
+        return False
+    if answer["ok"]:
+        blocks = answer.get("blocks")
+        return isinstance(blocks, list) and all(isinstance(b, dict) for b in blocks)
+    return isinstance(answer.get("error"), str)

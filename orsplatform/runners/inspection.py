@@ -3,34 +3,60 @@ environment pages' prompt renderer (prompt_render.py), each as a child process o
 
 The child runs in the workers' sandbox (sandbox/inspect.py) when there is one, else with a clean
 environment and rlimits; either way in its own session, so that the whole process group, forks
-included, is killed when it ends or outlives its time; its output goes to files, not pipes (a
-forked child that outlives it would hold a pipe open forever). Callers read what the child wrote
-into its work directory.
+included, is killed when it ends or outlives its time.
+
+Nothing of the host is writable from the child, and the platform opens nothing the child could
+have left: it is given its input on stdin and gives its results back on stdout, as records
+(`Results`), while everything else it prints goes to its stderr, of which the platform keeps a
+bounded tail. What the platform keeps beyond the run (the tasks a class lists) it writes itself,
+into a folder of its own the child never sees, up to a cap (ORS_INSPECT_RESULT_BYTES); a child
+handing back more, or garbage, is stopped at once. The pipes are read with a deadline: a forked
+child that outlives the run and holds them open costs at most DRAIN_SECONDS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
+import orjson
 from django.conf import settings
 
 from orsplatform.runners.sandbox.config import SandboxConfig
 from orsplatform.runners.sandbox.inspect import child_command
 from orsplatform.runners.sandbox.pool import runtime_of
 
+READ_CHUNK = 256 * 1024
+OUTPUT_TAIL_BYTES = 8000
+# After the child exits its group is killed, which closes the pipes at once; a process that left
+# the group (only possible without the sandbox) may hold them open, so reading stops this long after.
+DRAIN_SECONDS = 2.0
+# One record (a report, one task) on the result pipe; tasks are refused past ORS_MAX_TASK_BYTES
+# by the ingest anyway, so this only bounds what the platform buffers for one line.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+MAX_SPLITS = 1000
+
+
+class Refused(Exception):
+    """Raised by a sink: the child handed back something the platform will not take; it is killed."""
+
 
 @dataclass(frozen=True)
 class ChildRun:
     exited: bool  # within its time limit (else it and its process group were killed)
     returncode: int
-    output: str  # the tail of its stderr (else stdout)
+    output: str  # the tail of its stderr (its prints, tracebacks)
+    refused: str = ""  # why the platform stopped reading it and killed it, if it did
 
     def how(self) -> str:
         code = self.returncode
@@ -53,11 +79,15 @@ def wait_exited(pid: int, timeout: float) -> bool:
         finally:
             os.close(fd)
     deadline = time.monotonic() + timeout
-    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+    while not _exited(pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)  # fallback without pidfd: poll for the exit
     return True
+
+
+def _exited(pid: int) -> bool:
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def kill_group(pgid: int) -> None:
@@ -67,43 +97,218 @@ def kill_group(pgid: int) -> None:
         pass
 
 
-def tail(path: Path, limit: int = 8000) -> str:
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(fh.tell() - limit, 0))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+class Tail:
+    """The last `limit` bytes of a stream; the rest is read and dropped."""
+
+    def __init__(self, limit: int = OUTPUT_TAIL_BYTES) -> None:
+        self.limit = limit
+        self.data = bytearray()
+
+    def __call__(self, chunk: bytes) -> None:
+        self.data += chunk[-self.limit:]
+        del self.data[:-self.limit]
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
 
 
-def run_child(*, module: str, package_dir: Path, work: Path, args: list[str], timeout: float,
-              runtime: str | None = None) -> ChildRun:
-    """Run `orsplatform.runners.<module> PACKAGE_DIR ARGS...` on a tenant's package; an argument
-    `{work}/name` names the file `name` in `work`, wherever the child sees that directory.
-    `runtime` is the package's built Python environment; by default the one recorded beside a
-    stored package (sandbox/pool.runtime_of), else the platform's own."""
-    runtime = runtime or runtime_of(str(package_dir))
-    scratch = work / "home"
-    scratch.mkdir(parents=True, exist_ok=True)
-    memory, file_bytes = settings.ORS_INSPECT_MEMORY_BYTES, settings.ORS_INSPECT_FILE_BYTES
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "LANG": "C.UTF-8",
-           "PYTHONPATH": str(settings.BASE_DIR), "PYTHONDONTWRITEBYTECODE": "1",
-           "ORS_INSPECT_MEMORY_BYTES": str(memory), "ORS_INSPECT_FILE_BYTES": str(file_bytes)}
-    sandbox = SandboxConfig.from_django(threads=1)
-    if sandbox.isolated:  # the workers' sandbox: no settings, database or /proc of ours
-        cmd = child_command(sandbox, module=module, package_dir=package_dir, work=work, args=args,
-                            memory_bytes=memory, file_bytes=file_bytes, runtime=runtime)
-    else:
-        cmd = [f"{runtime}/bin/python" if runtime else sys.executable, "-m", f"orsplatform.runners.{module}", str(package_dir),
-               *(a.replace("{work}", str(work)) for a in args)]
-    with (work / "stdout.log").open("wb") as out, (work / "stderr.log").open("wb") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                cwd=str(scratch), start_new_session=True)
+class Results:
+    """The child's result pipe: one record a line, ``R <json object>`` (its report so far: the last
+    one counts) or ``T<n> <json>`` (a task of split n, appended by the platform to
+    ``tasks_dir/<n>.jsonl``; the child never sees that folder). More than `max_bytes` in all, a
+    record longer than MAX_RECORD_BYTES or anything else on the pipe is Refused."""
+
+    def __init__(self, *, max_bytes: int, tasks_dir: Path | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.tasks_dir = tasks_dir
+        self.total = 0
+        self.counts: dict[int, int] = {}
+        self._partial = bytearray()
+        self._report: bytes | None = None
+        self._files: dict[int, IO[bytes]] = {}
+
+    def __call__(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.total > self.max_bytes:
+            raise Refused(f"handed back more than {_size(self.max_bytes)} (its report and the tasks its "
+                          "class lists); put large task sets in task files (tasks/<split>.jsonl)")
+        if b"\n" not in chunk:
+            self._partial += chunk
+        else:
+            lines = (bytes(self._partial) + chunk if self._partial else chunk).split(b"\n")
+            self._partial = bytearray(lines.pop())
+            for line in lines:
+                self._record(line)
+        if len(self._partial) > MAX_RECORD_BYTES:
+            raise Refused(f"handed back a record longer than {_size(MAX_RECORD_BYTES)}")
+
+    def _record(self, line: bytes) -> None:
+        if line.startswith(b"R "):
+            self._report = line[2:]
+            return
+        head, sep, body = line.partition(b" ")
+        position = head[1:]
+        if not (head.startswith(b"T") and sep and position.isdigit() and len(position) <= 4):
+            raise Refused("wrote something on its result channel that is not a result")
+        n = int(position)
+        if self.tasks_dir is None or n >= MAX_SPLITS:
+            raise Refused("handed back tasks where none were asked for")
+        out = self._files.get(n)
+        if out is None:
+            self.tasks_dir.mkdir(exist_ok=True)
+            out = self._files[n] = open(self.tasks_dir / f"{n}.jsonl", "xb")  # noqa: SIM115 (closed in close())
+        out.write(body + b"\n")
+        self.counts[n] = self.counts.get(n, 0) + 1
+
+    def report(self) -> dict | None:
+        """The last report the child gave, if it is a JSON object."""
+        if self._report is None:
+            return None
+        try:
+            report = orjson.loads(self._report)
+        except orjson.JSONDecodeError:
+            return None
+        return report if isinstance(report, dict) else None
+
+    def task_file(self, position: int) -> Path | None:
+        """The platform's file of split `position`'s tasks, if the child handed any back."""
+        return self.tasks_dir / f"{position}.jsonl" if self.tasks_dir is not None and position in self.counts else None
+
+    def close(self) -> None:
+        for out in self._files.values():
+            out.close()
+
+
+def _size(n: int) -> str:
+    return f"{n / (1024 * 1024):g} MiB"
+
+
+@dataclass(frozen=True)
+class Supervised:
+    exited: bool  # exited before the deadline
+    refused: str  # a sink's reason for stopping it ("" if none did)
+
+
+def supervise(proc: subprocess.Popen, *, timeout: float, feed: bytes = b"",
+              sinks: dict[IO[bytes], Callable[[bytes], Any]]) -> Supervised:
+    """Write `feed` to the child's stdin, hand every chunk it writes on a piped stream to that
+    stream's sink, and wait for it to exit, all within `timeout`. Its process group is killed
+    when it exits (so nothing it forked lives on), when the time is up, or when a sink raises
+    Refused. Does not reap it (callers proc.wait()): the group id stays reserved until killed."""
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    readers: dict[int, Callable[[bytes], Any]] = {}
+    for stream, sink in sinks.items():
+        fd = stream.fileno()
+        os.set_blocking(fd, False)
+        readers[fd] = sink
+        poller.register(fd, select.POLLIN)
+    pending = memoryview(feed)
+    stdin_fd = -1
+    if proc.stdin is not None:
+        if pending:
+            stdin_fd = proc.stdin.fileno()
+            os.set_blocking(stdin_fd, False)
+            poller.register(stdin_fd, select.POLLOUT)
+        else:
+            proc.stdin.close()
     try:
-        exited = wait_exited(proc.pid, timeout)
+        pidfd = os.pidfd_open(proc.pid)
+        poller.register(pidfd, select.POLLIN)
+    except (AttributeError, OSError):
+        pidfd = -1
+    exited, draining, refused, ends = False, False, "", deadline
+    try:
+        while readers or not exited:
+            now = time.monotonic()
+            if now >= ends:
+                break
+            wait = ends - now if pidfd >= 0 or exited else min(ends - now, 0.05)
+            for fd, _events in poller.poll(wait * 1000):
+                if fd == pidfd:
+                    exited = True
+                    poller.unregister(pidfd)  # readable from now on: polling it again would spin
+                elif fd == stdin_fd:
+                    try:
+                        pending = pending[os.write(fd, pending[:READ_CHUNK]):]
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # it closed its stdin (or ended): what is left is not wanted
+                        pending = pending[:0]
+                    if not pending:
+                        poller.unregister(fd)
+                        proc.stdin.close()
+                        stdin_fd = -1
+                elif fd in readers:
+                    try:
+                        chunk = os.read(fd, READ_CHUNK)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        poller.unregister(fd)
+                        del readers[fd]
+                        continue
+                    readers[fd](chunk)
+            if not exited and pidfd < 0:
+                exited = _exited(proc.pid)
+            if exited and not draining:
+                draining = True
+                kill_group(proc.pid)  # its forks go with it: the pipes close unless one escaped the group
+                ends = time.monotonic() + DRAIN_SECONDS
+    except Refused as exc:
+        refused = str(exc)
+        exited = False
     finally:
         kill_group(proc.pid)
-        proc.wait()
-    return ChildRun(exited=exited, returncode=proc.returncode,
-                    output=tail(work / "stderr.log") or tail(work / "stdout.log"))
+        if pidfd >= 0:
+            os.close(pidfd)
+        if proc.stdin is not None and not proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+    return Supervised(exited=exited, refused=refused)
+
+
+@contextlib.contextmanager
+def _scratch(isolated: bool) -> Iterator[Path | None]:
+    """HOME and TMPDIR of a child without the sandbox (inside it, a private tmpfs serves)."""
+    if isolated:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="orschild-") as tmp:
+        yield Path(tmp)
+
+
+def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float, results: Results,
+              feed: bytes = b"", runtime: str | None = None) -> ChildRun:
+    """Run `orsplatform.runners.<module> PACKAGE_DIR ARGS...` on a tenant's package, with `feed`
+    on its stdin and its result pipe read into `results`. `runtime` is the package's built Python
+    environment; by default the one recorded beside a stored package (sandbox/pool.runtime_of),
+    else the platform's own."""
+    runtime = runtime or runtime_of(str(package_dir))
+    memory, file_bytes = settings.ORS_INSPECT_MEMORY_BYTES, settings.ORS_INSPECT_FILE_BYTES
+    sandbox = SandboxConfig.from_django(threads=1)
+    errors = Tail()
+    with _scratch(sandbox.isolated) as scratch:
+        if scratch is None:  # the workers' sandbox: no settings, database or /proc of ours
+            cmd = child_command(sandbox, module=module, package_dir=package_dir, args=args,
+                                memory_bytes=memory, file_bytes=file_bytes, runtime=runtime)
+            env, cwd = {"PATH": "/usr/bin:/bin"}, "/"
+        else:
+            cmd = [f"{runtime}/bin/python" if runtime else sys.executable, "-m", f"orsplatform.runners.{module}",
+                   str(package_dir), *args]
+            env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "LANG": "C.UTF-8",
+                   "PYTHONPATH": str(settings.BASE_DIR), "PYTHONDONTWRITEBYTECODE": "1",
+                   "ORS_INSPECT_MEMORY_BYTES": str(memory), "ORS_INSPECT_FILE_BYTES": str(file_bytes)}
+            cwd = str(scratch)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env, cwd=cwd, start_new_session=True, close_fds=True)
+        try:
+            outcome = supervise(proc, timeout=timeout, feed=feed, sinks={proc.stdout: results, proc.stderr: errors})
+        finally:
+            kill_group(proc.pid)
+            proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                stream.close()
+            results.close()
+    return ChildRun(exited=outcome.exited, returncode=proc.returncode, output=errors.text(),
+                    refused=outcome.refused)

@@ -2,14 +2,17 @@
 
 Run as::
 
-    python -m orsplatform.runners.inspector PACKAGE_DIR ENTRYPOINT WORK_DIR [SAMPLE_JSON]
+    python -m orsplatform.runners.inspector PACKAGE_DIR ENTRYPOINT < REQUEST_JSON
 
 ENTRYPOINT is ``module:Class``, or empty to find the one ``ors.Environment`` subclass of the package
-(``env.py`` first, then the other top-level modules). The report, a JSON object
-``{ok, check, error, traceback, entrypoint, tools, splits, task_counts}``, is written to
-``WORK_DIR/report.json`` before every check, so a process that dies still tells which check it was in.
-Tasks listed by the class go to ``WORK_DIR/tasks/<n>.jsonl`` (n: the split's position), one spec a line.
-SAMPLE_JSON is a task to render a prompt for when the class lists none (the package's task files).
+(``env.py`` first, then the other top-level modules). REQUEST_JSON, on stdin, is ``{"sample": task}``
+with a task to render a prompt for when the class lists none (the package's task files), or ``{}``.
+
+Results go back on stdout, one record a line (runners/inspection.py reads them): the report, a JSON
+object ``{ok, check, error, traceback, entrypoint, tools, splits, task_counts}``, as ``R <json>``
+before every check, so a process that dies still tells which check it was in; each task the class
+lists as ``T<n> <json>`` (n: the split's position). Nothing is written to a file: the platform
+writes what it keeps. What tenant code prints to stdout goes to stderr, so it cannot mix with them.
 
 Imports no Django, so tenant code never runs next to the platform's settings or database connections.
 Resource limits come from the environment (``ORS_INSPECT_MEMORY_BYTES``, ``ORS_INSPECT_FILE_BYTES``)
@@ -39,21 +42,40 @@ async def _maybe(value):
     return await value if inspect.isawaitable(value) else value
 
 
-def _write_report(work: Path, report: dict) -> None:
-    tmp = work / "report.json.tmp"
-    tmp.write_text(json.dumps(report, default=str))
-    tmp.replace(work / "report.json")
+class Channel:
+    """The result pipe: the process's original stdout, moved to a descriptor of its own (not
+    inherited by what tenant code starts); stdout itself then points at stderr."""
+
+    def __init__(self) -> None:
+        self.out = os.fdopen(os.dup(1), "wb", buffering=1024 * 1024)
+        os.dup2(2, 1)
+
+    def report(self, report: dict) -> None:
+        self.out.write(b"R " + json.dumps(report, default=str).encode() + b"\n")
+        self.out.flush()
+
+    def task(self, position: int, spec: dict) -> None:
+        # json.dumps escapes newlines inside strings: one task is one line.
+        self.out.write(b"T%d " % position + json.dumps(spec).encode() + b"\n")
+
+
+def _limit(kind: int, value: int) -> None:
+    """Sets the limit, never above the one the sandbox already imposes (which may be lower)."""
+    hard = resource.getrlimit(kind)[1]
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(kind, (value, value))
 
 
 def _apply_limits() -> None:
     memory = int(os.environ.get("ORS_INSPECT_MEMORY_BYTES", "0") or 0)
     fsize = int(os.environ.get("ORS_INSPECT_FILE_BYTES", "0") or 0)
     if memory > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        _limit(resource.RLIMIT_AS, memory)
     if fsize > 0:
         # Past the limit a write fails with EFBIG instead of the process dying of SIGXFSZ.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        _limit(resource.RLIMIT_FSIZE, fsize)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
@@ -217,27 +239,29 @@ async def _class_tasks(cls, split: str):
     return from_list()
 
 
-async def _write_tasks(cls, split: str, out_path: Path) -> int | None:
+async def _send_tasks(cls, split: str, position: int, channel: Channel) -> tuple[int | None, dict | None]:
+    """Sends the class's tasks of one split; (how many, the first), or (None, None) when it lists none."""
     tasks = await _class_tasks(cls, split)
     if tasks is None:
-        return None
-    count = 0
-    with out_path.open("w", encoding="utf-8") as out:
-        async for spec in tasks:
-            if not isinstance(spec, dict):
-                raise TypeError(f"Task {count} of split {split!r} is {type(spec).__name__}, not a JSON object.")
-            out.write(json.dumps(spec) + "\n")
-            count += 1
-    return count
+        return None, None
+    count, first = 0, None
+    async for spec in tasks:
+        if not isinstance(spec, dict):
+            raise TypeError(f"Task {count} of split {split!r} is {type(spec).__name__}, not a JSON object.")
+        channel.task(position, spec)
+        if first is None:
+            first = json.loads(json.dumps(spec))  # as it was sent, whatever the class does to it later
+        count += 1
+    return count, first
 
 
-async def inspect_package(package_dir: str, entrypoint: str, work: Path, sample: dict | None,
+async def inspect_package(package_dir: str, entrypoint: str, channel: Channel, sample: dict | None,
                           report: dict) -> dict:
     from orsplatform.runners.loader import load_environment_class, sdk_base, sdk_bases
 
     def stage(check: str) -> None:
         report["check"] = check
-        _write_report(work, report)
+        channel.report(report)
 
     stage("requirements")
     manifest_path = Path(package_dir) / "manifest.toml"
@@ -266,14 +290,10 @@ async def inspect_package(package_dir: str, entrypoint: str, work: Path, sample:
         raise ValueError(f"list_splits() names a split twice: {names}")
     stage("tasks")
     counts: dict[str, int | None] = {}
-    tasks_dir = work / "tasks"
-    tasks_dir.mkdir(exist_ok=True)
     for position, split in enumerate(splits):
-        path = tasks_dir / f"{position}.jsonl"
-        counts[split["name"]] = await _write_tasks(cls, split["name"], path)
-        if sample is None and counts[split["name"]]:
-            with path.open(encoding="utf-8") as fh:
-                sample = json.loads(fh.readline())
+        counts[split["name"]], first = await _send_tasks(cls, split["name"], position, channel)
+        if sample is None and first is not None:
+            sample = first
     report.update(tools=tools, splits=splits, task_counts=counts, prompt_checked=False)
     if sample is not None:
         stage("prompt")
@@ -340,14 +360,15 @@ def tenant_traceback(exc: BaseException, package_dir: str) -> str:
 
 def main() -> int:
     global _reserve
-    package_dir, entrypoint, work_dir = sys.argv[1:4]
-    work = Path(work_dir)
-    sample = json.loads(Path(sys.argv[4]).read_text()) if len(sys.argv) > 4 else None
+    package_dir, entrypoint = sys.argv[1:3]
+    channel = Channel()
+    request = json.loads(sys.stdin.buffer.read() or b"{}")
+    sample = request.get("sample")
     _apply_limits()
     _reserve = bytearray(16 * 1024 * 1024)
     report: dict = {"ok": False, "check": "start"}
     try:
-        report = asyncio.run(inspect_package(package_dir, entrypoint, work, sample, report))
+        report = asyncio.run(inspect_package(package_dir, entrypoint, channel, sample, report))
     except BaseException as exc:  # tenant code may raise anything, SystemExit included
         _reserve = None
         if isinstance(exc, MemoryError):
@@ -359,7 +380,7 @@ def main() -> int:
         error = scrub(error, package_dir)
         del exc
         report.update(ok=False, error=error[:4000], traceback=tb[-20000:])
-    _write_report(work, report)
+    channel.report(report)
     return 0 if report.get("ok") else 1
 
 

@@ -1,10 +1,12 @@
 """Render one task's prompt in a separate process, without setup():
 
-    python -m orsplatform.runners.prompt_render PACKAGE_DIR ENTRYPOINT SPEC_JSON OUT_JSON
+    python -m orsplatform.runners.prompt_render PACKAGE_DIR ENTRYPOINT < SPEC_JSON
 
-Writes {"ok": true, "blocks": [...]} (the blocks as served on the wire) or {"ok": false, "error": ...}
-to OUT_JSON. Imports no Django, like the publishing inspector: tenant code never runs beside the
-platform's settings or database connections, and the limits below apply before it is imported.
+Answers on stdout with one record, ``R {"ok": true, "blocks": [...]}`` (the blocks as served on the
+wire) or ``R {"ok": false, "error": ...}`` (runners/inspection.py reads it); what tenant code prints
+to stdout goes to stderr. Imports no Django, like the publishing inspector: tenant code never runs
+beside the platform's settings or database connections, and the limits below apply before it is
+imported.
 """
 
 from __future__ import annotations
@@ -15,16 +17,23 @@ import json
 import os
 import resource
 import sys
-from pathlib import Path
+
+
+def _limit(kind: int, value: int) -> None:
+    """Sets the limit, never above the one the sandbox already imposes (which may be lower)."""
+    hard = resource.getrlimit(kind)[1]
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(kind, (value, value))
 
 
 def _limits() -> None:
     memory = int(os.environ.get("ORS_INSPECT_MEMORY_BYTES", "0") or 0)
     if memory > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        _limit(resource.RLIMIT_AS, memory)
     fsize = int(os.environ.get("ORS_INSPECT_FILE_BYTES", "0") or 0)
     if fsize > 0:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        _limit(resource.RLIMIT_FSIZE, fsize)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
@@ -44,14 +53,19 @@ async def render(package_dir: str, entrypoint: str, spec) -> list:
 
 
 def main() -> int:
-    package_dir, entrypoint, spec_path, out_path = sys.argv[1:5]
+    package_dir, entrypoint = sys.argv[1:3]
+    # The result pipe on a descriptor of its own (not inherited by what tenant code starts);
+    # stdout, where tenant code prints, now goes to stderr.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    spec = json.loads(sys.stdin.buffer.read())
     _limits()
-    spec = json.loads(Path(spec_path).read_text())
     try:
         result = {"ok": True, "blocks": asyncio.run(render(package_dir, entrypoint, spec))}
     except BaseException as exc:  # tenant code may raise anything, SystemExit included
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-    Path(out_path).write_text(json.dumps(result, default=str))
+    out.write(b"R " + json.dumps(result, default=str).encode() + b"\n")
+    out.flush()
     return 0
 
 

@@ -2,10 +2,13 @@
 runners/inspector.py, and the environment pages' prompt renderer, runners/prompt_render.py) in the
 same sandbox as the workers.
 
-It sees the package (read-only), its own work directory (read-write: the report and the task
-files it writes), the Python runtime and the two platform modules it runs (the child module and
-loader.py, which import no Django), and nothing else: no settings, no database, no other package,
-no network, no process of the platform (its own pid namespace, so no /proc/<pid>/environ either).
+It sees the package (read-only, at the neutral PACKAGE, not at the host's path), the Python
+runtime and the two platform modules it runs (the child module and loader.py, which import no
+Django), and nothing else: no settings, no database, no other package, no network, no process of
+the platform (its own pid namespace, so no /proc/<pid>/environ either). Nothing of the host is
+writable from it: its one writable place is the sandbox's private, sized /tmp, gone with it. Its
+input comes on stdin and its results go back on stdout (runners/inspection.py), so the platform
+never opens a file the child could have touched.
 """
 
 from __future__ import annotations
@@ -17,31 +20,28 @@ from orsplatform.runners.sandbox.pool import python_of, sandboxed
 
 RUNNERS = Path(__file__).resolve().parent.parent
 LIB = "/ors/lib"  # a minimal `orsplatform.runners` package inside the sandbox
-WORK = "/ors/work"
 PACKAGE = "/ors/env"
 # Runs a child module with /ors/lib first on the path (-I ignores PYTHONPATH).
 BOOT = ("import runpy, sys; sys.path.insert(0, '/ors/lib'); "
         "runpy.run_module('orsplatform.runners.{module}', run_name='__main__', alter_sys=True)")
 
 
-def child_command(config: SandboxConfig, *, module: str, package_dir: Path, work: Path, args: list[str],
+def child_command(config: SandboxConfig, *, module: str, package_dir: Path, args: list[str],
                   memory_bytes: int, file_bytes: int, runtime: str | None = None) -> list[str]:
-    """argv running `orsplatform.runners.<module>` in the sandbox as
-    `<module> PACKAGE_DIR <args...>`; `work` is seen at WORK, so an argument naming a file in
-    `work` is passed as `{work}/name` and the child's output lands in `work` as it does outside."""
+    """argv running `orsplatform.runners.<module>` in the sandbox as `<module> PACKAGE <args...>`."""
     empty_init = str(RUNNERS / "__init__.py")  # an empty module, standing in for both packages
     binds = [
         "--ro-bind", str(package_dir), PACKAGE,
-        "--bind", str(work), WORK,
         "--ro-bind", empty_init, f"{LIB}/orsplatform/__init__.py",
         "--ro-bind", empty_init, f"{LIB}/orsplatform/runners/__init__.py",
         "--ro-bind", str(RUNNERS / f"{module}.py"), f"{LIB}/orsplatform/runners/{module}.py",
         "--ro-bind", str(RUNNERS / "loader.py"), f"{LIB}/orsplatform/runners/loader.py",
     ]
+    # /tmp is a tmpfs: what the child writes there is memory, so it gets a worker's default size
+    # (ORS_SANDBOX_TMP_MB), not the validation's larger per-file limit.
     limits = Limits(memory_bytes=memory_bytes, cpu_seconds=config.defaults.cpu_seconds,
                     processes=config.defaults.processes, open_files=config.defaults.open_files,
-                    tmp_bytes=min(file_bytes, config.maxima.tmp_bytes))
-    argv = [python_of(config, runtime), "-I", "-c", BOOT.format(module=module), PACKAGE,
-            *(a.replace("{work}", WORK) for a in args)]
+                    tmp_bytes=min(file_bytes, config.defaults.tmp_bytes))
+    argv = [python_of(config, runtime), "-I", "-c", BOOT.format(module=module), PACKAGE, *args]
     env = {"ORS_INSPECT_MEMORY_BYTES": str(memory_bytes), "ORS_INSPECT_FILE_BYTES": str(file_bytes)}
     return sandboxed(config, limits, binds, argv, env, runtime=runtime, chdir=PACKAGE)
