@@ -10,7 +10,10 @@ installer runs at all), then the resolved set (``uv pip compile``) names the env
 Every uv run happens in the sandbox (runners/sandbox/build.py): no network but the registry
 proxy (registry_proxy.py), a time limit, an address-space and a file-size limit, and wheels only
 (``--no-build``): no setup.py of any package runs, so nothing a tenant chose executes during a
-build and the shared cache cannot be poisoned by one. Its output goes to the version's build log.
+build and the shared cache cannot be poisoned by one. Its output comes back over a pipe and the
+platform writes it to the version's build log (up to BUILD_OUTPUT_BYTES a run); what the platform
+reads back from the environments' folder, which the build sandbox may write, goes through
+sandbox/untrusted_files.py (no links, no FIFOs, capped).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -33,7 +37,8 @@ import uv
 from django.conf import settings
 
 from orsplatform.catalog.requirements import platform_pins
-from orsplatform.runners.inspection import kill_group, wait_exited
+from orsplatform.runners import inspection
+from orsplatform.runners.sandbox import untrusted_files
 from orsplatform.runners.sandbox.config import Limits, SandboxConfig
 from orsplatform.runners.sandbox.pool import RUNTIME_SUFFIX, sandboxed
 
@@ -41,6 +46,8 @@ BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "runners" / "sandbox" / 
 SANDBOX_BUILD_SCRIPT = "/ors/build.py"
 COMPLETE = ".complete"  # written last: a folder without it is a build that did not finish
 MiB = 1024 * 1024
+BUILD_OUTPUT_BYTES = MiB  # of the installer's output kept in the build log, per run
+LOG_TAIL_BYTES = 16384
 
 
 class BuildFailed(Exception):
@@ -79,15 +86,45 @@ def scrub(text: str) -> str:
     return text
 
 
-def log_tail(version_id: int, lines: int = 40) -> str:
+def _log_end(path: Path) -> str:
     try:
-        with log_path(version_id).open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(fh.tell() - 16384, 0))
-            text = fh.read().decode("utf-8", "replace")
+        return untrusted_files.tail(path.parent, path.name, limit=LOG_TAIL_BYTES).decode("utf-8", "replace")
     except OSError:
         return ""
-    return scrub("\n".join(text.splitlines()[-lines:]))
+
+
+def log_tail(version_id: int, lines: int = 40) -> str:
+    return scrub("\n".join(_log_end(log_path(version_id)).splitlines()[-lines:]))
+
+
+class _InstallerOutput:
+    """The installer's output into the build log, line by line and up to BUILD_OUTPUT_BYTES: the
+    platform writes the log the author is shown, never the sandboxed process."""
+
+    def __init__(self, log: BuildLog) -> None:
+        self.log = log
+        self.kept = 0
+        self.partial = b""
+        self.dropped = False
+
+    def __call__(self, chunk: bytes) -> None:
+        room = BUILD_OUTPUT_BYTES - self.kept
+        if len(chunk) > room:
+            self.dropped = True
+            chunk = chunk[:room]
+        if not chunk:
+            return
+        self.kept += len(chunk)
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        if lines:
+            self.log.write("\n".join(line.decode("utf-8", "replace") for line in lines))
+
+    def close(self) -> None:
+        if self.partial:
+            self.log.write(self.partial.decode("utf-8", "replace"))
+        if self.dropped:
+            self.log.write(f"[platform] the installer's further output was not kept (over {BUILD_OUTPUT_BYTES // MiB} MiB)")
 
 
 def log_age_seconds(version_id: int) -> float:
@@ -143,7 +180,15 @@ def _usage(path: Path) -> tuple[int, int]:
 
 
 def _ready(path: Path) -> bool:
-    return (path / COMPLETE).is_file()
+    try:  # lstat: the marker itself, never what a link planted in its place points at
+        return stat.S_ISREG(os.lstat(path / COMPLETE).st_mode)
+    except OSError:
+        return False
+
+
+def _read_small(root: Path, relative: str) -> str:
+    """A platform file in the environments' folder, which the build sandbox can write."""
+    return untrusted_files.read_text(root, relative, limit=4096).strip()
 
 
 def _run(commands: list[list[str]], *, work: Path, log: BuildLog) -> None:
@@ -178,15 +223,18 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog) -> None:
         cmd = [sys.executable, "-I", str(BUILD_SCRIPT), str(socket_path), json.dumps(commands)]
     allowed = set(settings.ORS_BUILD_ALLOWED_HOSTS)
     timeout = settings.ORS_BUILD_TIMEOUT_SECONDS
-    with RegistryProxy(socket_path, allowed, log.write), log.path.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=str(work),
-                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env if not config.isolated else {})},
-                                start_new_session=True)
+    output = _InstallerOutput(log)
+    with RegistryProxy(socket_path, allowed, log.write):
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                cwd=str(work), start_new_session=True, close_fds=True,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env if not config.isolated else {})})
         try:
-            exited = wait_exited(proc.pid, timeout)
+            exited = inspection.supervise(proc, timeout=timeout, sinks={proc.stdout: output}).exited
         finally:
-            kill_group(proc.pid)
+            inspection.kill_group(proc.pid)
             proc.wait()
+            proc.stdout.close()
+            output.close()
     if not exited:
         raise BuildFailed(f"The installer did not finish within {timeout:g} s and was stopped.")
     if proc.returncode != 0:
@@ -195,7 +243,7 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog) -> None:
 
 def _installer_message(log: BuildLog) -> str:
     """uv's own explanation: its last non-empty lines (it prints the reason last)."""
-    lines = [ln.strip() for ln in log.path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in _log_end(log.path).splitlines() if ln.strip()]
     useful = [ln for ln in lines if not ln.startswith("[platform] $")][-6:]
     return scrub(" ".join(useful))[-1500:] or "The installer failed without a message."
 
@@ -206,7 +254,10 @@ def _resolve(requirements: list[str], work: Path, log: BuildLog) -> str:
                "--no-header", "--no-annotate", "--output-file", str(work / "resolved.txt"), str(work / "requirements.in")]
     log.write("[platform] $ uv pip compile (resolving " + ", ".join(requirements) + ")")
     _run([command], work=work, log=log)
-    return (work / "resolved.txt").read_text()
+    try:
+        return untrusted_files.read_text(_root(), f"{work.name}/resolved.txt", limit=MiB)
+    except OSError as exc:
+        raise BuildFailed(f"The resolver's output could not be read ({exc.strerror}).") from None
 
 
 def _install(path: Path, work: Path, log: BuildLog) -> None:
@@ -228,8 +279,8 @@ def ensure(requirements: list[str], log: BuildLog) -> Built:
     root = _root()
     declared = root / "declared" / _declared_key(requirements)
     with contextlib.suppress(OSError):
-        path = root / declared.read_text().strip()
-        if _ready(path):
+        path = root / _read_small(root, f"declared/{declared.name}")
+        if path.parent == root and _ready(path):
             log.write(f"[platform] requirements already built: reusing environment {path.name[:12]}")
             return Built(path, True, *_usage(path))
     work = root / f"work-{uuid.uuid4().hex[:12]}"
@@ -286,6 +337,6 @@ def collect(keep: set[str], *, grace_seconds: float) -> list[str]:
         removed.append(path.name)
     for entry in (root / "declared").iterdir():
         with contextlib.suppress(OSError):
-            if not (root / entry.read_text().strip()).is_dir():
+            if not (root / _read_small(root, f"declared/{entry.name}")).is_dir():
                 entry.unlink()
     return removed
