@@ -118,11 +118,16 @@ class _InstallerOutput:
         lines = (self.partial + chunk).split(b"\n")
         self.partial = lines.pop()
         if lines:
-            self.log.write("\n".join(line.decode("utf-8", "replace") for line in lines))
+            self.log.write("\n".join(map(self._line, lines)))
+
+    @staticmethod
+    def _line(raw: bytes) -> str:
+        line = raw.decode("utf-8", "replace")
+        return " " + line if line.startswith("[platform]") else line  # only the platform speaks as it
 
     def close(self) -> None:
         if self.partial:
-            self.log.write(self.partial.decode("utf-8", "replace"))
+            self.log.write(self._line(self.partial))
         if self.dropped:
             self.log.write(f"[platform] the installer's further output was not kept (over {BUILD_OUTPUT_BYTES // MiB} MiB)")
 
