@@ -170,10 +170,6 @@ class Results:
             return None
         return report if isinstance(report, dict) else None
 
-    def task_file(self, position: int) -> Path | None:
-        """The platform's file of split `position`'s tasks, if the child handed any back."""
-        return self.tasks_dir / f"{position}.jsonl" if self.tasks_dir is not None and position in self.counts else None
-
     def close(self) -> None:
         for out in self._files.values():
             out.close()
