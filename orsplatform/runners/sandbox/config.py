@@ -160,7 +160,9 @@ def probe(config: SandboxConfig) -> str | None:
         return None
     if config.mode != "bwrap":
         return f"Unknown ORS_SANDBOX {config.mode!r} (use bwrap, or none to run tenants without isolation)."
-    return _probe_bwrap(config.bwrap)
+    from orsplatform.runners.sandbox import seccomp  # its filter is part of the sandbox
+
+    return _probe_bwrap(config.bwrap) or seccomp.available()
 
 
 @functools.cache

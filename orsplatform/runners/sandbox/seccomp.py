@@ -8,8 +8,11 @@ tenant code (and the libraries it imports) probe for features and must see a cle
 Why each one is refused:
 - file locks (flock; fcntl's F_SETLK/F_SETLKW/F_GETLK, their OFD forms and leases): every worker
   shares the read-only OS and Python files, and a lock on one of them is visible to every other
-  worker, a channel between tenants. ENOLCK ("no locks available"). SQLite on a file therefore
-  needs ``?nolock=1`` (or ``:memory:``); see docs/sandbox.md.
+  worker, a channel between tenants. ENOSYS ("not implemented": this system has no file locks),
+  which libraries treat as locks being unsupported and fail at once: SQLite reports "disk I/O
+  error" (ENOLCK or EPERM would make it retry for its busy timeout), filelock raises
+  NotImplementedError (it would retry forever on others). SQLite on a file therefore needs
+  ``?nolock=1`` (or ``:memory:``); see docs/sandbox.md.
 - inotify: a watch on a shared read-only file reports other workers' opens and reads.
 - ptrace, process_vm_readv/writev, kcmp: reading or steering another process.
 - unshare, setns, clone/clone3 with a namespace flag: new (user) namespaces are kernel attack
@@ -88,9 +91,9 @@ def _rules(f, *, locks: bool) -> None:
     for flag in NAMESPACE_FLAGS:
         deny("clone", errno.EPERM, sc.Arg(0, sc.MASKED_EQ, flag, flag))
     if not locks:
-        deny("flock", errno.ENOLCK)
+        deny("flock", errno.ENOSYS)
         for cmd in LOCK_COMMANDS:
-            deny("fcntl", errno.ENOLCK, sc.Arg(1, sc.EQ, cmd))
+            deny("fcntl", errno.ENOSYS, sc.Arg(1, sc.EQ, cmd))
 
 
 @functools.cache
