@@ -85,13 +85,15 @@ KERNEL_ENV = textwrap.dedent(r'''
 
 
     def fill(path, mib):
+        """mib MiB into files of at most 16 MiB (a file's size has its own rlimit)."""
         written = 0
-        with open(path, "wb") as f:
-            chunk = b"y" * (1 << 20)
-            for _ in range(mib):
-                f.write(chunk)
-                f.flush()
-                written += 1
+        chunk = b"y" * (1 << 20)
+        while written < mib:
+            with open(f"{path}.{written}", "wb") as f:
+                for _ in range(min(16, mib - written)):
+                    f.write(chunk)
+                    f.flush()
+                    written += 1
         return written
 
 

@@ -186,9 +186,11 @@ def _neutral_runtime(runtime: str | None) -> tuple[list[str], list[list[str]], d
     env: dict[str, str] = {}
     if not base.startswith(("/usr/", "/bin/", "/lib/")) and base != "/usr":
         binds += ["--ro-bind", base, SANDBOX_PYTHON_HOME]
-        # A base Python built with a shared libpython finds it through an absolute RUNPATH.
+        # A base Python built with a shared libpython (pyenv's) finds it through an absolute
+        # RUNPATH: a symlink at that path, rather than LD_LIBRARY_PATH in every process's
+        # environment. It names the interpreter's prefix, not the checkout or a package.
         if any(Path(base, "lib").glob("libpython*.so*")):
-            env["LD_LIBRARY_PATH"] = f"{SANDBOX_PYTHON_HOME}/lib"
+            binds += ["--symlink", f"{SANDBOX_PYTHON_HOME}/lib", f"{base}/lib"]
         home = f"{SANDBOX_PYTHON_HOME}/bin"
     else:
         home = str(interpreter.parent)
