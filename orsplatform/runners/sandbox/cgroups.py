@@ -140,11 +140,13 @@ def layout() -> _Layout | None:
         if v1.keys() >= set(V1_CONTROLLERS):
             parents = {c: _make_parent(v1[c], own.get(c, "/")) for c in V1_CONTROLLERS}
             if all(parents.values()):
+                _remove_orphans(parents.values())  # type: ignore[arg-type]
                 return _Layout(1, parents)  # type: ignore[arg-type]
             why = "the cgroup v1 hierarchies are not writable"
         elif v2 is not None:
             parent = _v2_parent(v2, own.get("", "/"))
             if parent is not None:
+                _remove_orphans([parent])
                 return _Layout(2, {"unified": parent})
             why = "this process's cgroup v2 is not delegated to it with the memory, pids and cpu controllers"
         else:
@@ -152,6 +154,29 @@ def layout() -> _Layout | None:
     log.warning("sandbox workers get no cgroup (%s): their limits are per-process rlimits only (memory per "
                 "process, no CPU share, forks bounded by RLIMIT_NPROC, which does not bind uid 0)", why)
     return None
+
+
+def _remove_orphans(parents) -> None:
+    """Remove the empty cgroups of supervisors that are gone (killed before they could): each is
+    named after the supervisor's pid, so another live supervisor's are never touched."""
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for child in parent.iterdir():
+                owner = child.name.partition("-")[0]
+                if not child.is_dir() or not owner.isdigit() or _alive(int(owner)):
+                    continue
+                with contextlib.suppress(OSError):
+                    child.rmdir()  # fails while processes remain in it: left alone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class WorkerCgroup:
@@ -166,7 +191,7 @@ class WorkerCgroup:
         lay = layout()
         if lay is None:
             return None
-        name = uuid.uuid4().hex[:16]
+        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # the supervisor's pid: see _remove_orphans
         paths = {c: parent / name for c, parent in lay.parents.items()}
         group = cls(lay, paths)
         try:

@@ -266,13 +266,14 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
 
 @functools.cache
 def _disable_userns(bwrap: str) -> bool:
-    """Does this bubblewrap have --disable-userns (0.8+)? The syscall filter refuses new user
-    namespaces either way; this also caps the namespace count at the kernel."""
+    """Can this bubblewrap use --disable-userns here (0.8+, and a user namespace it may make)? The
+    syscall filter refuses new user namespaces either way; this also caps them in the kernel."""
     try:
-        done = subprocess.run([bwrap, "--help"], capture_output=True, timeout=30)
+        done = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/",
+                               "true"], capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return b"--disable-userns" in done.stdout + done.stderr
+    return done.returncode == 0
 
 
 class Worker:
