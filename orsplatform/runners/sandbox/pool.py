@@ -172,10 +172,10 @@ RLIMITS = {"as": "RLIMIT_AS", "cpu": "RLIMIT_CPU", "nproc": "RLIMIT_NPROC", "nof
            "core": "RLIMIT_CORE", "fsize": "RLIMIT_FSIZE"}
 
 
-def _neutral_runtime(runtime: str | None) -> tuple[list[str], list[list[str]], dict[str, str]] | None:
-    """The interpreter and its site-packages at neutral paths (/ors/python, /ors/venv): binds, the
-    generated pyvenv.cfg, and the environment it needs; None when this interpreter is not laid
-    out as a virtualenv over a base Python (then the host layout is used)."""
+def _neutral_runtime(runtime: str | None) -> tuple[list[str], list[list[str]]] | None:
+    """The interpreter and its site-packages at neutral paths (/ors/python, /ors/venv): binds and
+    the generated pyvenv.cfg; None when this interpreter is not laid out as a virtualenv over a
+    base Python (then the host layout is used)."""
     base = os.path.realpath(sys.base_prefix)
     venv = os.path.realpath(runtime or sys.prefix)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -183,7 +183,6 @@ def _neutral_runtime(runtime: str | None) -> tuple[list[str], list[list[str]], d
     if venv == base or not interpreter.exists() or not Path(venv, "lib").is_dir():
         return None
     binds: list[str] = []
-    env: dict[str, str] = {}
     if not base.startswith(("/usr/", "/bin/", "/lib/")) and base != "/usr":
         binds += ["--ro-bind", base, SANDBOX_PYTHON_HOME]
         # A base Python built with a shared libpython (pyenv's) finds it through an absolute
@@ -198,7 +197,7 @@ def _neutral_runtime(runtime: str | None) -> tuple[list[str], list[list[str]], d
               "--symlink", f"{home}/{version}", SANDBOX_PYTHON]
     cfg = (f"home = {home}\ninclude-system-site-packages = false\n"
            f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
-    return binds, [[f"{SANDBOX_VENV}/pyvenv.cfg", cfg]], env
+    return binds, [[f"{SANDBOX_VENV}/pyvenv.cfg", cfg]]
 
 
 def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: list[str],
@@ -213,14 +212,12 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
     appear at neutral paths (/ors/python, /ors/venv) and argv[0] is rewritten to match: nothing in
     the sandbox names the host's checkout or package store."""
     files: list[list[str]] = []
-    env = dict(env or {})
     neutral = bool(argv) and argv[0] == python_of(config, runtime) and (
         runtime is not None or os.path.realpath(config.python) == os.path.realpath(sys.executable))
     runtime_binds = _neutral_runtime(runtime) if neutral else None
     if runtime_binds is not None:
         system = [*_system_binds(None, python=False), *runtime_binds[0]]
         files += runtime_binds[1]
-        env = {**runtime_binds[2], **env}
         argv = [SANDBOX_PYTHON, *argv[1:]]
     else:
         system = _system_binds(runtime)
@@ -244,7 +241,7 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         *binds,
         "--chdir", chdir,
     ]
-    for name, value in env.items():
+    for name, value in (env or {}).items():
         args += ["--setenv", name, value]
     if limits.network:
         args.insert(2, "--share-net")  # after --unshare-all, which it undoes for the network
@@ -312,14 +309,20 @@ class Worker:
         if self.config.isolated:
             self._cgroup = WorkerCgroup.create(memory_bytes=limits.memory_bytes, processes=limits.processes,
                                                cpu_weight=self.config.cpu_weight)
-        argv = command(self.config, package_dir, limits, cgroup=self._cgroup)
         # A fixed PATH: the host's (a virtualenv's bin, a checkout) would show in the sandbox
         # init's /proc/1/environ.
         path = "/usr/local/bin:/usr/bin:/bin" if self.config.isolated else os.environ.get("PATH", "/usr/bin:/bin")
-        self.proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, limit=MAX_FRAME, env={"PATH": path},
-            start_new_session=True, close_fds=True)
+        try:
+            argv = command(self.config, package_dir, limits, cgroup=self._cgroup)
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, limit=MAX_FRAME, env={"PATH": path},
+                start_new_session=True, close_fds=True)
+        except BaseException:
+            if self._cgroup is not None:  # nothing started in it: gone with the failed start
+                self._cgroup.remove()
+                self._cgroup = None
+            raise
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         self._reader = asyncio.create_task(self._read())
@@ -413,7 +416,7 @@ class Worker:
 
     def _died(self, returncode: int | None) -> None:
         if not self.kill_reason and self.out_of_memory():
-            self.kill_reason = self._memory_reason()
+            self.kill_reason = self.memory_reason()
         if self.kill_reason:
             how = f"it was stopped because {self.kill_reason}"
         elif returncode is not None and returncode < 0:
@@ -472,7 +475,7 @@ class Worker:
         """Did the kernel kill a process of this worker for its cgroup's memory limit?"""
         return self._cgroup is not None and self._cgroup.oom_kills() > 0
 
-    def _memory_reason(self) -> str:
+    def memory_reason(self) -> str:
         mib = (self._limits.memory_bytes >> 20) if self._limits is not None else 0
         return f"its processes together used more than its memory limit of {mib} MiB"
 
@@ -617,7 +620,7 @@ class SandboxPool:
                     worker.kill(f"a tool call outlived its timeout by the {self.config.grace_seconds:g} s grace period")
                 elif worker.out_of_memory():
                     # v1 has no memory.oom.group: one process was killed, the worker goes whole.
-                    worker.kill(worker._memory_reason())
+                    worker.kill(worker.memory_reason())
                 elif worker.idle_since is not None and now - worker.idle_since > self.config.idle_seconds:
                     worker.kill("it was idle")
             workers[:] = [w for w in workers if w.alive or w.proc is None or w.proc.returncode is None]
