@@ -228,5 +228,12 @@ async def test_the_sandbox_shows_no_host_path_in_its_command_lines_environments_
         assert not any(h in got["value"] for h in host_paths), (path, got["value"])
     mountinfo = await probe(sbx, outsider, sid, "read", "/proc/self/mountinfo")
     mount_points = [line.split()[4] for line in mountinfo["value"].splitlines()]
-    assert "/ors/env" in mount_points and "/ors/venv/lib" in mount_points
+    assert "/ors/venv/lib" in mount_points
     assert not [m for m in mount_points if any(m.startswith(h) for h in host_paths)], mount_points
+    # A small package is copied in, not bound: not even a mount's source names the package store.
+    assert str(Path(kernel_env).resolve()) not in mountinfo["value"]
+    assert "/ors/env" not in mount_points
+    listed = await probe(sbx, outsider, sid, "read", "/ors/env/manifest.toml")
+    assert listed["ok"] is True and 'entrypoint = "env:Kernel"' in listed["value"]
+    written = await probe(sbx, outsider, sid, "fill", "/ors/env/env.py", n=1)
+    assert written["ok"] is False and written["errno"] == errno.EROFS, written

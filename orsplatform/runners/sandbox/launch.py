@@ -8,7 +8,7 @@ the build sandbox). In this order, before anything of the tenant exists:
 3. sets the rlimits;
 4. hands bubblewrap its options, the syscall filter and generated files through memfds
    (``--args FD``, ``--seccomp FD``, ``--ro-bind-data FD``), so /proc/1/cmdline inside the sandbox
-   names no host path;
+   names no host path, and the files to copy into the sandbox as open descriptors (``--file FD``);
 5. closes every other descriptor it inherited (an event loop such as uvloop passes inheritable
    descriptors on even with close_fds=True; a listening socket must never reach tenant code);
 6. execs bubblewrap.
@@ -83,6 +83,16 @@ def main() -> None:
         fd = _memfd("file", content.encode())
         keep.add(fd)
         options += ["--ro-bind-data", str(fd), dest]
+    # Copied into the sandbox's root (which is then remounted read-only): bubblewrap reads them
+    # from these descriptors, so no mount names their host paths.
+    for source, dest in spec.get("copies", ()):
+        try:
+            fd = os.open(source, os.O_RDONLY)
+        except OSError as exc:
+            print(f"could not open a file of the package: {exc.strerror}", file=sys.stderr)
+            os._exit(126)
+        keep.add(fd)
+        options += ["--file", str(fd), dest]
     args = _memfd("args", b"".join(a.encode() + b"\0" for a in [*options, *spec["bwrap"][1:]]))
     keep.add(args)
     for fd in keep - {0, 1, 2}:

@@ -143,11 +143,48 @@ def command(config: SandboxConfig, package_dir: str, limits: Limits, cgroup: Wor
     if not config.isolated:
         return [*wrappers(limits), python, "-I", str(WORKER_SCRIPT), package_dir, str(config.threads)]
     worker = [python, "-I", SANDBOX_WORKER, SANDBOX_PACKAGE, str(config.threads)]
+    # A small package is copied into the sandbox's (read-only) root rather than bound: a bind
+    # mount names its source directory (the package store's <hash>) in /proc/self/mountinfo.
+    files = _package_files(package_dir)
+    if files is None:
+        package = ["--ro-bind", package_dir, SANDBOX_PACKAGE]
+        copies: list[list[str]] = []
+    else:
+        dirs = sorted({str(Path(rel).parent) for rel in files} - {"."})
+        package = ["--dir", SANDBOX_PACKAGE, *(a for d in dirs for a in ("--dir", f"{SANDBOX_PACKAGE}/{d}"))]
+        copies = [[os.path.join(package_dir, rel), f"{SANDBOX_PACKAGE}/{rel}"] for rel in files]
     # Started in the package's folder, as `python server.py` is run from its repository: code that
     # opens its data files by relative path finds them (read-only; /tmp is where it may write).
-    return sandboxed(config, limits, ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER,
-                                      "--ro-bind", package_dir, SANDBOX_PACKAGE], worker, runtime=runtime,
-                     chdir=SANDBOX_PACKAGE, cgroup=cgroup)
+    return sandboxed(config, limits, ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER, *package], worker,
+                     runtime=runtime, chdir=SANDBOX_PACKAGE, cgroup=cgroup, copies=copies)
+
+
+COPY_MAX_FILES = 256
+COPY_MAX_BYTES = 16 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=256)
+def _package_files(package_dir: str) -> tuple[str, ...] | None:
+    """The package's files (relative paths) when it is small enough to copy into the sandbox
+    (a stored package never changes, so this is worked out once), else None."""
+    found: list[str] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(package_dir):
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                return None  # bound as it is: a link's target is the store's business
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            total += st.st_size
+            found.append(os.path.relpath(path, package_dir))
+            if len(found) > COPY_MAX_FILES or total > COPY_MAX_BYTES:
+                return None
+    return tuple(sorted(found))
 
 
 def wrappers(limits: Limits) -> list[str]:
@@ -202,11 +239,13 @@ def _neutral_runtime(runtime: str | None) -> tuple[list[str], list[list[str]]] |
 
 def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: list[str],
               env: dict[str, str] | None = None, runtime: str | None = None, chdir: str = "/tmp", *,
-              locks: bool = False, cgroup: WorkerCgroup | None = None) -> list[str]:
+              locks: bool = False, cgroup: WorkerCgroup | None = None,
+              copies: list[list[str]] | None = None) -> list[str]:
     """argv run inside bubblewrap: own namespaces, read-only OS, Python and `binds`, a private /tmp
     and /dev/shm, an empty environment (but `env`), no network unless `limits` allow it, the
     syscall filter (seccomp.py; `locks` leaves file locks to the build sandbox's uv), `cgroup`
     joined before anything starts, and no descriptor of the caller but 0-2 (launch.py).
+    `copies` ([host file, sandbox path]) are copied into the sandbox's read-only root.
 
     When argv runs the runtime's interpreter (`python_of`), the interpreter and its site-packages
     appear at neutral paths (/ors/python, /ors/venv) and argv[0] is rewritten to match: nothing in
@@ -255,6 +294,7 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         "rlimits": [(RLIMITS[flag], value) for flag, value in _rlimit_values(limits)],
         "seccomp": base64.b64encode(seccomp.program(locks=locks)).decode(),
         "files": files,
+        "copies": copies or [],
         "bwrap": [shutil.which(config.bwrap) or config.bwrap, *args[1:]],
         "argv": argv,
     }
