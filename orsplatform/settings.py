@@ -231,6 +231,8 @@ ORS_SANDBOX_OPEN_FILES = sandbox_setting("ORS_SANDBOX_OPEN_FILES")
 ORS_SANDBOX_MAX_OPEN_FILES = sandbox_setting("ORS_SANDBOX_MAX_OPEN_FILES")
 ORS_SANDBOX_TMP_MB = sandbox_setting("ORS_SANDBOX_TMP_MB")
 ORS_SANDBOX_MAX_TMP_MB = sandbox_setting("ORS_SANDBOX_MAX_TMP_MB")
+# Each worker's CPU weight in its own cgroup (docs/sandbox.md): CPU is shared per worker.
+ORS_SANDBOX_CPU_WEIGHT = sandbox_setting("ORS_SANDBOX_CPU_WEIGHT")
 ORS_DEFAULT_TOOL_TIMEOUT_SECONDS = env_float("ORS_DEFAULT_TOOL_TIMEOUT_SECONDS", 600.0)
 # Environment used by clients that name none (ors.client's split+index form); "team/slug".
 ORS_DEFAULT_ENVIRONMENT = os.environ.get("ORS_DEFAULT_ENVIRONMENT", "builtin/math")

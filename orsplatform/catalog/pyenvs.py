@@ -223,7 +223,7 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog) -> None:
             all_binds += ["--ro-bind", etc, etc]
     argv = [_base_python(), "-I", SANDBOX_BUILD_SCRIPT, str(socket_path), json.dumps(commands)]
     if config.isolated:
-        cmd = sandboxed(config, limits, all_binds, argv, env)
+        cmd = sandboxed(config, limits, all_binds, argv, env, locks=True)  # uv guards its shared cache with locks
     else:  # ORS_SANDBOX=none: tenants are not isolated anyway; the installer runs as it is
         cmd = [sys.executable, "-I", str(BUILD_SCRIPT), str(socket_path), json.dumps(commands)]
     allowed = set(settings.ORS_BUILD_ALLOWED_HOSTS)

@@ -36,6 +36,9 @@ DEFAULTS: dict[str, Any] = {
     "ORS_SANDBOX_PROCESSES": 256, "ORS_SANDBOX_MAX_PROCESSES": 1024,
     "ORS_SANDBOX_OPEN_FILES": 1024, "ORS_SANDBOX_MAX_OPEN_FILES": 8192,
     "ORS_SANDBOX_TMP_MB": 256, "ORS_SANDBOX_MAX_TMP_MB": 4096,
+    # Each worker's CPU weight in its cgroup (cgroup v2 cpu.weight scale, 1-10000; v1 cpu.shares is
+    # weight * 1024 / 100): the same for every worker, so CPU is shared per worker, not per process.
+    "ORS_SANDBOX_CPU_WEIGHT": 100,
 }
 
 
@@ -80,6 +83,7 @@ class SandboxConfig:
     defaults: Limits = Limits(1024 * MiB, 3600, 256, 1024, 256 * MiB)
     maxima: Limits = Limits(4096 * MiB, 24 * 3600, 1024, 8192, 4096 * MiB)
     python: str = sys.executable
+    cpu_weight: int = 100
 
     @classmethod
     def from_values(cls, get, *, threads: int) -> SandboxConfig:
@@ -90,7 +94,7 @@ class SandboxConfig:
             sessions_per_worker=get("ORS_SANDBOX_SESSIONS_PER_WORKER"),
             max_workers_per_key=get("ORS_SANDBOX_MAX_WORKERS_PER_KEY"),
             idle_seconds=get("ORS_SANDBOX_IDLE_SECONDS"), grace_seconds=get("ORS_SANDBOX_GRACE_SECONDS"),
-            start_seconds=get("ORS_SANDBOX_START_SECONDS"),
+            start_seconds=get("ORS_SANDBOX_START_SECONDS"), cpu_weight=get("ORS_SANDBOX_CPU_WEIGHT"),
             defaults=Limits(get("ORS_SANDBOX_MEMORY_MB") * MiB, get("ORS_SANDBOX_CPU_SECONDS"),
                             get("ORS_SANDBOX_PROCESSES"), get("ORS_SANDBOX_OPEN_FILES"), get("ORS_SANDBOX_TMP_MB") * MiB),
             maxima=Limits(get("ORS_SANDBOX_MAX_MEMORY_MB") * MiB, get("ORS_SANDBOX_MAX_CPU_SECONDS"),
@@ -156,7 +160,9 @@ def probe(config: SandboxConfig) -> str | None:
         return None
     if config.mode != "bwrap":
         return f"Unknown ORS_SANDBOX {config.mode!r} (use bwrap, or none to run tenants without isolation)."
-    return _probe_bwrap(config.bwrap)
+    from orsplatform.runners.sandbox import seccomp  # its filter is part of the sandbox
+
+    return _probe_bwrap(config.bwrap) or seccomp.available()
 
 
 @functools.cache

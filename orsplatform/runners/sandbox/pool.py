@@ -15,34 +15,42 @@ naming the environment, and the next session of that pair gets a fresh worker.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
+import functools
 import itertools
+import json
 import logging
 import os
 import shutil
 import signal
 import struct
+import subprocess
 import sys
 import sysconfig
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from orsplatform.runners.sandbox import seccomp
+from orsplatform.runners.sandbox.cgroups import WorkerCgroup, descendants, kill_strays
 from orsplatform.runners.sandbox.config import Limits, SandboxConfig
 
 log = logging.getLogger("orsplatform.sandbox")
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
-# Where things appear inside the sandbox.
+LAUNCH_SCRIPT = Path(__file__).with_name("launch.py")
+# Where things appear inside the sandbox: neutral paths, none of the host's.
 SANDBOX_WORKER = "/ors/worker.py"
 SANDBOX_PACKAGE = "/ors/env"
-PIDS_CGROUP_ROOT = Path("/sys/fs/cgroup/pids")
+SANDBOX_PYTHON_HOME = "/ors/python"  # the base interpreter's prefix
+SANDBOX_VENV = "/ors/venv"  # site-packages: the platform's virtualenv or the package's own
+SANDBOX_PYTHON = f"{SANDBOX_VENV}/bin/python"
 JANITOR_SECONDS = 0.5
 RUNTIME_SUFFIX = ".pyenv"
 LAZY_SECONDS = 0.05
@@ -83,10 +91,10 @@ def python_of(config: SandboxConfig, runtime: str | None) -> str:
     return f"{runtime}/bin/python" if runtime else config.python
 
 
-def _system_binds(runtime: str | None = None) -> list[str]:
-    """Read-only views of the OS and the Python runtime (merged-/usr symlinks kept as symlinks):
-    the platform's virtualenv, or instead the package's own built environment (`runtime`), whose
-    interpreter is the same base Python."""
+def _system_binds(runtime: str | None = None, *, python: bool = True) -> list[str]:
+    """Read-only views of the OS and (`python`) the Python runtime at its host paths (merged-/usr
+    symlinks kept as symlinks): the platform's virtualenv, or instead the package's own built
+    environment (`runtime`), whose interpreter is the same base Python."""
     args: list[str] = []
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
         p = Path(top)
@@ -97,6 +105,8 @@ def _system_binds(runtime: str | None = None) -> list[str]:
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"):
         if os.path.exists(etc):
             args += ["--ro-bind", etc, etc]
+    if not python:
+        return args
     # The interpreter's prefix and the virtualenv (site-packages), wherever they live; nothing
     # else of their parents (a venv inside the project's tree does not expose the tree).
     seen: set[str] = set()
@@ -124,41 +134,135 @@ def _network_binds() -> list[str]:
     return args
 
 
-def command(config: SandboxConfig, package_dir: str, limits: Limits) -> list[str]:
-    """The argv that starts one worker: rlimits (prlimit), then bubblewrap, then the interpreter
-    (the package's built environment's when it has requirements)."""
+def command(config: SandboxConfig, package_dir: str, limits: Limits, cgroup: WorkerCgroup | None = None) -> list[str]:
+    """The argv that starts one worker: the launcher (cgroup, rlimits, syscall filter, no inherited
+    descriptors), then bubblewrap, then the interpreter (the package's built environment's when
+    it has requirements)."""
     runtime = runtime_of(package_dir)
     python = python_of(config, runtime)
-    worker = [python, "-I", SANDBOX_WORKER, SANDBOX_PACKAGE, str(config.threads)]
     if not config.isolated:
         return [*wrappers(limits), python, "-I", str(WORKER_SCRIPT), package_dir, str(config.threads)]
+    worker = [python, "-I", SANDBOX_WORKER, SANDBOX_PACKAGE, str(config.threads)]
+    # A small package is copied into the sandbox's (read-only) root rather than bound: a bind
+    # mount names its source directory (the package store's <hash>) in /proc/self/mountinfo.
+    files = _package_files(package_dir)
+    if files is None:
+        package = ["--ro-bind", package_dir, SANDBOX_PACKAGE]
+        copies: list[list[str]] = []
+    else:
+        dirs = sorted({str(Path(rel).parent) for rel in files} - {"."})
+        package = ["--dir", SANDBOX_PACKAGE, *(a for d in dirs for a in ("--dir", f"{SANDBOX_PACKAGE}/{d}"))]
+        copies = [[os.path.join(package_dir, rel), f"{SANDBOX_PACKAGE}/{rel}"] for rel in files]
     # Started in the package's folder, as `python server.py` is run from its repository: code that
     # opens its data files by relative path finds them (read-only; /tmp is where it may write).
-    return sandboxed(config, limits, ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER,
-                                      "--ro-bind", package_dir, SANDBOX_PACKAGE], worker, runtime=runtime,
-                     chdir=SANDBOX_PACKAGE)
+    return sandboxed(config, limits, ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER, *package], worker,
+                     runtime=runtime, chdir=SANDBOX_PACKAGE, cgroup=cgroup, copies=copies)
+
+
+COPY_MAX_FILES = 256
+COPY_MAX_BYTES = 16 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=256)
+def _package_files(package_dir: str) -> tuple[str, ...] | None:
+    """The package's files (relative paths) when it is small enough to copy into the sandbox
+    (a stored package never changes, so this is worked out once), else None."""
+    found: list[str] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(package_dir):
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                return None  # bound as it is: a link's target is the store's business
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            total += st.st_size
+            found.append(os.path.relpath(path, package_dir))
+            if len(found) > COPY_MAX_FILES or total > COPY_MAX_BYTES:
+                return None
+    return tuple(sorted(found))
 
 
 def wrappers(limits: Limits) -> list[str]:
-    """rlimits (prlimit) and death with the supervisor (setpriv), in front of the sandbox."""
-    rlimits = [f"--as={limits.memory_bytes}", f"--cpu={limits.cpu_seconds}", f"--nproc={limits.processes}",
-               f"--nofile={limits.open_files}", "--core=0", f"--fsize={limits.tmp_bytes}"]
+    """rlimits (prlimit) and death with the supervisor (setpriv), for workers run without a
+    sandbox (ORS_SANDBOX=none); sandboxed processes get both from the launcher."""
     prlimit = shutil.which("prlimit")
-    wrapper = [prlimit, *rlimits, "--"] if prlimit else []
+    wrapper = [prlimit, *(f"--{flag}={value}" for flag, value in _rlimit_values(limits)), "--"] if prlimit else []
     setpriv = shutil.which("setpriv")
     if setpriv:
-        # Killed with its supervisor, whatever way that goes (bubblewrap's --die-with-parent then
-        # takes the sandbox with it): a gateway killed with SIGKILL leaves no orphaned workers.
+        # Killed with its supervisor, whatever way that goes: a gateway killed with SIGKILL
+        # leaves no orphaned workers.
         wrapper = [setpriv, "--pdeathsig", "KILL", "--", *wrapper]
     return wrapper
 
 
+def _rlimit_values(limits: Limits) -> list[tuple[str, int]]:
+    return [("as", limits.memory_bytes), ("cpu", limits.cpu_seconds), ("nproc", limits.processes),
+            ("nofile", limits.open_files), ("core", 0), ("fsize", limits.tmp_bytes)]
+
+
+RLIMITS = {"as": "RLIMIT_AS", "cpu": "RLIMIT_CPU", "nproc": "RLIMIT_NPROC", "nofile": "RLIMIT_NOFILE",
+           "core": "RLIMIT_CORE", "fsize": "RLIMIT_FSIZE"}
+
+
+def _neutral_runtime(runtime: str | None) -> tuple[list[str], list[list[str]]] | None:
+    """The interpreter and its site-packages at neutral paths (/ors/python, /ors/venv): binds and
+    the generated pyvenv.cfg; None when this interpreter is not laid out as a virtualenv over a
+    base Python (then the host layout is used)."""
+    base = os.path.realpath(sys.base_prefix)
+    venv = os.path.realpath(runtime or sys.prefix)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    interpreter = Path(base, "bin", version)
+    if venv == base or not interpreter.exists() or not Path(venv, "lib").is_dir():
+        return None
+    binds: list[str] = []
+    if not base.startswith(("/usr/", "/bin/", "/lib/")) and base != "/usr":
+        binds += ["--ro-bind", base, SANDBOX_PYTHON_HOME]
+        # A base Python built with a shared libpython (pyenv's) finds it through an absolute
+        # RUNPATH: a symlink at that path, rather than LD_LIBRARY_PATH in every process's
+        # environment. It names the interpreter's prefix, not the checkout or a package.
+        if any(Path(base, "lib").glob("libpython*.so*")):
+            binds += ["--symlink", f"{SANDBOX_PYTHON_HOME}/lib", f"{base}/lib"]
+        home = f"{SANDBOX_PYTHON_HOME}/bin"
+    else:
+        home = str(interpreter.parent)
+    binds += ["--ro-bind", f"{venv}/lib", f"{SANDBOX_VENV}/lib",
+              "--symlink", f"{home}/{version}", SANDBOX_PYTHON]
+    cfg = (f"home = {home}\ninclude-system-site-packages = false\n"
+           f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
+    return binds, [[f"{SANDBOX_VENV}/pyvenv.cfg", cfg]]
+
+
 def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: list[str],
-              env: dict[str, str] | None = None, runtime: str | None = None, chdir: str = "/tmp") -> list[str]:
-    """argv run inside bubblewrap: own namespaces, read-only OS, Python and `binds`, a private /tmp,
-    an empty environment (but `env`), no network unless `limits` allow it."""
+              env: dict[str, str] | None = None, runtime: str | None = None, chdir: str = "/tmp", *,
+              locks: bool = False, cgroup: WorkerCgroup | None = None,
+              copies: list[list[str]] | None = None) -> list[str]:
+    """argv run inside bubblewrap: own namespaces, read-only OS, Python and `binds`, a private /tmp
+    and /dev/shm, an empty environment (but `env`), no network unless `limits` allow it, the
+    syscall filter (seccomp.py; `locks` leaves file locks to the build sandbox's uv), `cgroup`
+    joined before anything starts, and no descriptor of the caller but 0-2 (launch.py).
+    `copies` ([host file, sandbox path]) are copied into the sandbox's read-only root.
+
+    When argv runs the runtime's interpreter (`python_of`), the interpreter and its site-packages
+    appear at neutral paths (/ors/python, /ors/venv) and argv[0] is rewritten to match: nothing in
+    the sandbox names the host's checkout or package store."""
+    files: list[list[str]] = []
+    neutral = bool(argv) and argv[0] == python_of(config, runtime) and (
+        runtime is not None or os.path.realpath(config.python) == os.path.realpath(sys.executable))
+    runtime_binds = _neutral_runtime(runtime) if neutral else None
+    if runtime_binds is not None:
+        system = [*_system_binds(None, python=False), *runtime_binds[0]]
+        files += runtime_binds[1]
+        argv = [SANDBOX_PYTHON, *argv[1:]]
+    else:
+        system = _system_binds(runtime)
     args = [
-        config.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        config.bwrap, "--unshare-all", *(["--unshare-user", "--disable-userns"] if _disable_userns(config.bwrap) else []),
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         "--hostname", "sandbox", "--clearenv",
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp",
@@ -167,8 +271,12 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         # The private /tmp first: the binds that follow may live under the host's /tmp (a checkout
         # or a virtualenv there), and a tmpfs mounted after them would hide them.
         "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
-        *_system_binds(runtime),
-        "--proc", "/proc", "--dev", "/dev",
+        *system,
+        "--proc", "/proc",
+        # Host-wide lock table (inode numbers and pids of every process's locks): not the tenant's.
+        "--ro-bind", "/dev/null", "/proc/locks",
+        # /dev read-only (bubblewrap's tmpfs is unsized) but for a sized /dev/shm.
+        "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         *binds,
         "--chdir", chdir,
     ]
@@ -177,48 +285,32 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
     if limits.network:
         args.insert(2, "--share-net")  # after --unshare-all, which it undoes for the network
         args += _network_binds()
-    # The sandbox's root (a tmpfs holding the mount points) read-only too: /tmp is the one
-    # writable place.
+    # The sandbox's root (a tmpfs holding the mount points) read-only too: /tmp and /dev/shm are
+    # the writable places.
     args += ["--remount-ro", "/"]
-    return [*wrappers(limits), *args, *argv]
+    spec = {
+        "parent": os.getpid(),
+        "cgroups": cgroup.procs_files if cgroup is not None else [],
+        "rlimits": [(RLIMITS[flag], value) for flag, value in _rlimit_values(limits)],
+        "seccomp": base64.b64encode(seccomp.program(locks=locks)).decode(),
+        "files": files,
+        "copies": copies or [],
+        "bwrap": [shutil.which(config.bwrap) or config.bwrap, *args[1:]],
+        "argv": argv,
+    }
+    return [sys.executable, "-I", "-S", str(LAUNCH_SCRIPT), json.dumps(spec)]
 
 
-class _PidsCgroup:
-    """A pids cgroup for one worker where this process may make one (root with cgroup v1's pids
-    hierarchy): RLIMIT_NPROC does not bind processes of uid 0, so a fork bomb needs this."""
-
-    def __init__(self, limit: int) -> None:
-        self.path: Path | None = None
-        if os.geteuid() != 0 or not os.access(PIDS_CGROUP_ROOT, os.W_OK):
-            return
-        try:
-            path = PIDS_CGROUP_ROOT / "ors-sandbox" / uuid.uuid4().hex[:16]
-            path.mkdir(parents=True)
-            (path / "pids.max").write_text(str(limit))
-            self.path = path
-        except OSError as exc:
-            log.debug("no pids cgroup for the worker: %s", exc)
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        """argv entered into the cgroup before it execs, so every process it forks (bubblewrap
-        forks the sandbox at once) is counted: moving it in after the start would miss them."""
-        if self.path is None:
-            return argv
-        procs = self.path / "cgroup.procs"
-        return ["/bin/sh", "-c", f'echo $$ > "{procs}" && exec "$@"', "sh", *argv]
-
-    def remove(self) -> bool:
-        """Remove the (empty) cgroup; False while processes are still leaving it."""
-        if self.path is None:
-            return True
-        try:
-            self.path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return False
-        self.path = None
-        return True
+@functools.cache
+def _disable_userns(bwrap: str) -> bool:
+    """Can this bubblewrap use --disable-userns here (0.8+, and a user namespace it may make)? The
+    syscall filter refuses new user namespaces either way; this also caps them in the kernel."""
+    try:
+        done = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/",
+                               "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 class Worker:
@@ -237,7 +329,8 @@ class Worker:
         self._ready: asyncio.Future | None = None
         self._reader: asyncio.Task | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
-        self._cgroup: _PidsCgroup | None = None
+        self._cgroup: WorkerCgroup | None = None
+        self._limits: Limits | None = None
         # Frames not yet written: every frame of one event-loop pass goes out in one write (one
         # wake-up of the worker instead of one per frame); lazy ones (teardowns) wait for the
         # next urgent frame or LAZY_SECONDS.
@@ -252,12 +345,24 @@ class Worker:
         return self.dead is None
 
     async def spawn(self, package_dir: str, limits: Limits) -> None:
-        argv = command(self.config, package_dir, limits)
-        self._cgroup = _PidsCgroup(limits.processes)
-        self.proc = await asyncio.create_subprocess_exec(
-            *self._cgroup.wrap(argv), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, limit=MAX_FRAME, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-            start_new_session=True, close_fds=True)
+        self._limits = limits
+        if self.config.isolated:
+            self._cgroup = WorkerCgroup.create(memory_bytes=limits.memory_bytes, processes=limits.processes,
+                                               cpu_weight=self.config.cpu_weight)
+        # A fixed PATH: the host's (a virtualenv's bin, a checkout) would show in the sandbox
+        # init's /proc/1/environ.
+        path = "/usr/local/bin:/usr/bin:/bin" if self.config.isolated else os.environ.get("PATH", "/usr/bin:/bin")
+        try:
+            argv = command(self.config, package_dir, limits, cgroup=self._cgroup)
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, limit=MAX_FRAME, env={"PATH": path},
+                start_new_session=True, close_fds=True)
+        except BaseException:
+            if self._cgroup is not None:  # nothing started in it: gone with the failed start
+                self._cgroup.remove()
+                self._cgroup = None
+            raise
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         self._reader = asyncio.create_task(self._read())
@@ -350,6 +455,8 @@ class Worker:
             self.kill()
 
     def _died(self, returncode: int | None) -> None:
+        if not self.kill_reason and self.out_of_memory():
+            self.kill_reason = self.memory_reason()
         if self.kill_reason:
             how = f"it was stopped because {self.kill_reason}"
         elif returncode is not None and returncode < 0:
@@ -373,6 +480,8 @@ class Worker:
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(WorkerGone(self.dead))
             self._ready.exception()  # retrieved: spawn() reports it
+        if self._cgroup is not None:
+            self._cgroup.kill()  # nothing of the sandbox outlives it (its init's death ends the rest too)
         if self._cgroup is not None and not self._cgroup.remove():
             # Its processes are still leaving it (the sandbox dies a moment after bubblewrap).
             asyncio.get_running_loop().create_task(_remove_later(self._cgroup))
@@ -388,6 +497,27 @@ class Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
+        if self._cgroup is not None:
+            self._cgroup.kill()
+
+    def end_strays(self) -> None:
+        """Kill, from outside the sandbox, every process but its init and the worker: what ended
+        sessions left behind. The worker does the same from inside (worker.end_strays), but tenant
+        code can replace that; this it cannot."""
+        if self.proc is None or self.proc.returncode is not None or not self.config.isolated:
+            return
+        try:
+            kill_strays(self._cgroup.pids() if self._cgroup is not None else descendants(self.proc.pid))
+        except OSError:
+            log.debug("could not look for stray processes of a worker of %s", self.label)
+
+    def out_of_memory(self) -> bool:
+        """Did the kernel kill a process of this worker for its cgroup's memory limit?"""
+        return self._cgroup is not None and self._cgroup.oom_kills() > 0
+
+    def memory_reason(self) -> str:
+        mib = (self._limits.memory_bytes >> 20) if self._limits is not None else 0
+        return f"its processes together used more than its memory limit of {mib} MiB"
 
     async def request(self, op: str, timeout: float | None = None, lazy: bool = False, **fields: Any) -> Any:
         """Send op and await its reply. A lazy request (one nobody waits for, such as a teardown)
@@ -430,7 +560,7 @@ class Worker:
         return any(deadline <= now for deadline in self._overdue.values())
 
 
-async def _remove_later(cgroup: _PidsCgroup, seconds: float = 10.0) -> None:
+async def _remove_later(cgroup: WorkerCgroup, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while not cgroup.remove() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)  # polling: the kernel gives no event for an emptied cgroup v1
@@ -511,6 +641,7 @@ class SandboxPool:
         worker.sessions.discard(sid)
         if not worker.sessions:
             worker.idle_since = time.monotonic()
+            worker.end_strays()
 
     async def _janitor_loop(self) -> None:
         while True:
@@ -527,6 +658,9 @@ class SandboxPool:
                     continue
                 if worker.overdue(now):
                     worker.kill(f"a tool call outlived its timeout by the {self.config.grace_seconds:g} s grace period")
+                elif worker.out_of_memory():
+                    # v1 has no memory.oom.group: one process was killed, the worker goes whole.
+                    worker.kill(worker.memory_reason())
                 elif worker.idle_since is not None and now - worker.idle_since > self.config.idle_seconds:
                     worker.kill("it was idle")
             workers[:] = [w for w in workers if w.alive or w.proc is None or w.proc.returncode is None]

@@ -531,6 +531,13 @@ async def main_async(package_dir: str, threads: int, fd_in: int, fd_out: int) ->
     await serve(host, channel)
 
 
+def _open_fds() -> list[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 1024))
+
+
 def main() -> None:
     package_dir, threads = sys.argv[1], int(sys.argv[2])
     # The protocol moves off fds 0 and 1, so a tenant's print() (or a library's) goes to stderr
@@ -540,6 +547,12 @@ def main() -> None:
     os.dup2(null, 0)
     os.dup2(2, 1)
     os.close(null)
+    # Nothing inherited reaches tenant code (the launcher closes them in a sandbox already; this
+    # also covers ORS_SANDBOX=none and any launcher in front of this one).
+    for fd in _open_fds():
+        if fd > 2 and fd not in (fd_in, fd_out):
+            with contextlib.suppress(OSError):
+                os.close(fd)
     try:  # uvloop where installed: the worker's hop is mostly event-loop work
         import uvloop
 

@@ -1,0 +1,326 @@
+"""One cgroup per sandbox worker: limits the kernel enforces on the worker as a whole.
+
+rlimits bind one process each (three forked children of 500 MiB each hold 1.5 GiB under a 1 GiB
+RLIMIT_AS) and RLIMIT_NPROC does not bind uid 0; a cgroup counts the worker and everything it
+forks, tmpfs pages it writes (/tmp, /dev/shm) included:
+
+- memory: cgroup v2 ``memory.max`` (and ``memory.swap.max`` 0, ``memory.oom.group`` 1: an
+  out-of-memory kill takes the whole worker); v1 ``memory.limit_in_bytes`` (and
+  ``memory.memsw.limit_in_bytes`` where swap accounting is on). The supervisor polls the
+  cgroup's oom-kill count and ends a worker that hit its limit (v1 has no oom.group), so its
+  sessions end with that reason;
+- pids: ``pids.max`` (v1 and v2);
+- cpu: ``cpu.weight`` (v2) / ``cpu.shares`` (v1), the same for every worker, so a tenant that
+  starts many busy processes still gets one worker's share of the CPU;
+- killing from outside: the supervisor kills what is in the cgroup (v2 ``cgroup.kill`` where the
+  kernel has it), never trusting code inside the sandbox to do it.
+
+Cgroups are made under the supervisor's own cgroup (so the host's or container's limits on the
+platform still cover its workers): on v1 in each controller's hierarchy, on v2 in the unified
+one, where the supervisor's cgroup must be delegated to it (a root process, or systemd's
+``Delegate=yes``; a supervisor sitting in that cgroup is moved into a ``supervisor`` leaf first,
+the usual delegation protocol). Where none can be made (not root, nothing delegated), workers
+run with rlimits alone, said once in the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import signal
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("orsplatform.sandbox")
+
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+GROUP = "ors-sandbox"
+# The sandbox's pid 1 (bubblewrap's init) and the process it starts (the worker, the inspector):
+# the numbers they always get in the sandbox's own pid namespace.
+SANDBOX_INIT_PID, SANDBOX_MAIN_PID = 1, 2
+
+
+@dataclass(frozen=True)
+class _Layout:
+    version: int  # 1 or 2
+    parents: dict[str, Path]  # controller (v2: "unified") -> where worker cgroups are made
+
+
+def _mounts() -> tuple[dict[str, Path], Path | None]:
+    """cgroup v1 controller -> mount point, and the cgroup2 mount point."""
+    v1: dict[str, Path] = {}
+    v2: Path | None = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, tail = left.split(), right.split()
+            if len(fields) < 5 or len(tail) < 3:
+                continue
+            fstype, options = tail[0], tail[2].split(",")
+            if fstype == "cgroup2" and v2 is None:
+                v2 = Path(fields[4])
+            elif fstype == "cgroup":
+                for option in options:
+                    if option in V1_CONTROLLERS:
+                        v1.setdefault(option, Path(fields[4]))
+    return v1, v2
+
+
+def _own_paths() -> dict[str, str]:
+    """This process's cgroup per v1 controller, and "" -> its v2 cgroup."""
+    own: dict[str, str] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                own[controller] = path
+    return own
+
+
+def _make_parent(mount: Path, own: str) -> Path | None:
+    """`ors-sandbox` under this process's cgroup, else under the hierarchy's root."""
+    for base in (mount / own.lstrip("/"), mount):
+        parent = base / GROUP
+        try:
+            parent.mkdir(exist_ok=True)
+            return parent
+        except OSError:
+            continue
+    return None
+
+
+def _v2_parent(mount: Path, own: str) -> Path | None:
+    base = mount / own.lstrip("/")
+    wanted = {"memory", "pids", "cpu"}
+    try:
+        available = set((base / "cgroup.controllers").read_text().split())
+    except OSError:
+        return None
+    if not wanted <= available:
+        return None
+    enable = " ".join(f"+{c}" for c in sorted(wanted))
+    try:
+        (base / "cgroup.subtree_control").write_text(enable)
+    except OSError as exc:
+        if exc.errno != 16:  # EBUSY: processes sit in it ("no internal processes")
+            return None
+        # Move this supervisor (all its threads) into a leaf, then enable the controllers.
+        leaf = base / "supervisor"
+        try:
+            leaf.mkdir(exist_ok=True)
+            for pid in (base / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (leaf / "cgroup.procs").write_text(pid)
+            (base / "cgroup.subtree_control").write_text(enable)
+        except OSError:
+            return None
+        log.info("sandbox cgroups: moved the supervisor into %s to delegate %s to its workers", leaf, base)
+    parent = base / GROUP
+    try:
+        parent.mkdir(exist_ok=True)
+        (parent / "cgroup.subtree_control").write_text(enable)
+    except OSError:
+        return None
+    return parent
+
+
+@functools.cache
+def layout() -> _Layout | None:
+    """Where this process makes worker cgroups (None: nowhere; said once in the log)."""
+    why = "not running as root"
+    if os.geteuid() == 0:
+        try:
+            v1, v2 = _mounts()
+            own = _own_paths()
+        except OSError as exc:
+            v1, v2, own, why = {}, None, {}, str(exc)
+        if v1.keys() >= set(V1_CONTROLLERS):
+            parents = {c: _make_parent(v1[c], own.get(c, "/")) for c in V1_CONTROLLERS}
+            if all(parents.values()):
+                _remove_orphans(parents.values())  # type: ignore[arg-type]
+                return _Layout(1, parents)  # type: ignore[arg-type]
+            why = "the cgroup v1 hierarchies are not writable"
+        elif v2 is not None:
+            parent = _v2_parent(v2, own.get("", "/"))
+            if parent is not None:
+                _remove_orphans([parent])
+                return _Layout(2, {"unified": parent})
+            why = "this process's cgroup v2 is not delegated to it with the memory, pids and cpu controllers"
+        else:
+            why = "no cgroup hierarchy with the memory, pids and cpu controllers is mounted"
+    log.warning("sandbox workers get no cgroup (%s): their limits are per-process rlimits only (memory per "
+                "process, no CPU share, forks bounded by RLIMIT_NPROC, which does not bind uid 0)", why)
+    return None
+
+
+def _remove_orphans(parents) -> None:
+    """Remove the empty cgroups of supervisors that are gone (killed before they could): each is
+    named after the supervisor's pid, so another live supervisor's are never touched."""
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for child in parent.iterdir():
+                owner = child.name.partition("-")[0]
+                if not child.is_dir() or not owner.isdigit() or _alive(int(owner)):
+                    continue
+                with contextlib.suppress(OSError):
+                    child.rmdir()  # fails while processes remain in it: left alone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WorkerCgroup:
+    """The cgroup (v1: one per controller) of one sandbox worker."""
+
+    def __init__(self, lay: _Layout, paths: dict[str, Path]) -> None:
+        self.version = lay.version
+        self.paths = paths
+
+    @classmethod
+    def create(cls, *, memory_bytes: int, processes: int, cpu_weight: int) -> WorkerCgroup | None:
+        lay = layout()
+        if lay is None:
+            return None
+        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # the supervisor's pid: see _remove_orphans
+        paths = {c: parent / name for c, parent in lay.parents.items()}
+        group = cls(lay, paths)
+        try:
+            for path in paths.values():
+                path.mkdir()
+            if lay.version == 2:
+                group._write("unified", "memory.max", memory_bytes)
+                group._write("unified", "memory.swap.max", 0, optional=True)
+                group._write("unified", "memory.oom.group", 1, optional=True)
+                group._write("unified", "pids.max", processes)
+                group._write("unified", "cpu.weight", max(1, min(10000, cpu_weight)))
+            else:
+                group._write("memory", "memory.limit_in_bytes", memory_bytes)
+                group._write("memory", "memory.memsw.limit_in_bytes", memory_bytes, optional=True)
+                group._write("pids", "pids.max", processes)
+                group._write("cpu", "cpu.shares", max(2, cpu_weight * 1024 // 100))
+        except OSError as exc:
+            log.warning("could not set up a cgroup for a sandbox worker: %s", exc)
+            group.remove()
+            return None
+        return group
+
+    def _write(self, controller: str, name: str, value: int, optional: bool = False) -> None:
+        path = self.paths[controller] / name
+        if optional and not path.exists():
+            return
+        path.write_text(str(value))
+
+    @property
+    def procs_files(self) -> list[str]:
+        """The cgroup.procs files a process writes its pid into to join this cgroup."""
+        return [str(p / "cgroup.procs") for p in self.paths.values()]
+
+    def _main(self) -> Path:
+        return self.paths["unified" if self.version == 2 else "pids"]
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in (self._main() / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def read(self, controller: str, name: str) -> str:
+        return (self.paths["unified" if self.version == 2 else controller] / name).read_text()
+
+    def oom_kills(self) -> int:
+        """How many processes of the worker the kernel killed for the memory limit."""
+        try:
+            text = self.read("memory", "memory.events" if self.version == 2 else "memory.oom_control")
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def kill(self) -> None:
+        """SIGKILL every process in the cgroup (from outside the sandbox)."""
+        if self.version == 2:
+            with contextlib.suppress(OSError):
+                (self.paths["unified"] / "cgroup.kill").write_text("1")
+                return
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def kill_strays(self) -> int:
+        """SIGKILL every process of the sandbox but its init and the process it started: what
+        sessions left behind (setsid children, daemons). Tenant code cannot opt out (it may replace
+        the worker's own clean-up). Returns how many were killed."""
+        return kill_strays(self.pids())
+
+    def remove(self) -> bool:
+        """Remove the (empty) cgroup; False while processes are still leaving it."""
+        done = True
+        for controller, path in list(self.paths.items()):
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                done = False
+                continue
+            del self.paths[controller]
+        return done
+
+
+def _nspid(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    return []
+
+
+def kill_strays(pids: list[int]) -> int:
+    """Of `pids`, SIGKILL those inside a sandbox's pid namespace other than its init and main
+    process (those outside it, such as the launcher's own bubblewrap, are kept)."""
+    killed = 0
+    for pid in pids:
+        try:
+            nspid = _nspid(pid)
+        except (OSError, ValueError):
+            continue
+        if len(nspid) > 1 and nspid[-1] not in (SANDBOX_INIT_PID, SANDBOX_MAIN_PID):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (for a supervisor without cgroups): a sandbox's orphans are
+    re-parented to its init, itself below bubblewrap, so none escapes this walk."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

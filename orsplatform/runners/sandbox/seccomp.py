@@ -1,0 +1,126 @@
+"""The syscall filter every sandboxed process runs under (bubblewrap's --seccomp).
+
+Built with libseccomp (the `pyseccomp` ctypes binding of Debian's libseccomp2), which knows each
+architecture's syscall numbers and refuses the other ABIs (i386, x32) of an x86-64 host outright.
+Everything is allowed but the calls below, which fail with an errno instead of killing the caller:
+tenant code (and the libraries it imports) probe for features and must see a clean error.
+
+Why each one is refused:
+- file locks (flock; fcntl's F_SETLK/F_SETLKW/F_GETLK, their OFD forms and leases): every worker
+  shares the read-only OS and Python files, and a lock on one of them is visible to every other
+  worker, a channel between tenants. ENOSYS ("not implemented": this system has no file locks),
+  which libraries treat as locks being unsupported and fail at once: SQLite reports "disk I/O
+  error" (ENOLCK or EPERM would make it retry for its busy timeout), filelock raises
+  NotImplementedError (it would retry forever on others). SQLite on a file therefore needs
+  ``?nolock=1`` (or ``:memory:``); see docs/sandbox.md.
+- inotify: a watch on a shared read-only file reports other workers' opens and reads.
+- ptrace, process_vm_readv/writev, kcmp: reading or steering another process.
+- unshare, setns, clone/clone3 with a namespace flag: new (user) namespaces are kernel attack
+  surface the tenant has no use for. clone3 passes its flags in memory a filter cannot read, so
+  it fails with ENOSYS, on which glibc (threads) and CPython (fork) fall back to clone.
+- keyctl, add_key, request_key: the kernel keyring is not namespaced.
+- io_uring, perf_event_open, bpf, userfaultfd: large kernel attack surface, no use here.
+- mount and friends, pivot_root, chroot, and the rest of the administration calls: the sandbox's
+  mounts are bubblewrap's business, finished before the filter is installed.
+
+The filter is built once per process (it is the same for every worker) and handed to bubblewrap
+through a memfd by launch.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import tempfile
+
+log = logging.getLogger("orsplatform.sandbox")
+
+# fcntl commands (include/uapi/asm-generic/fcntl.h, linux/fcntl.h): the 64-bit forms are the
+# same numbers on 64-bit kernels, and 12-14 only exist on 32-bit ones but cost nothing to refuse.
+F_GETLK, F_SETLK, F_SETLKW = 5, 6, 7
+F_GETLK64, F_SETLK64, F_SETLKW64 = 12, 13, 14
+F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW = 36, 37, 38
+F_SETLEASE, F_GETLEASE, F_NOTIFY = 1024, 1025, 1026
+LOCK_COMMANDS = (F_GETLK, F_SETLK, F_SETLKW, F_GETLK64, F_SETLK64, F_SETLKW64,
+                 F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY)
+
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
+                   CLONE_NEWNET)
+
+DENIED = (
+    # other processes
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    # namespaces
+    "unshare", "setns",
+    # keyrings
+    "keyctl", "add_key", "request_key",
+    # big attack surface
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "perf_event_open", "bpf", "userfaultfd",
+    # cross-worker notifications on shared files
+    "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init",
+    # mounts and roots
+    "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount",
+    "fspick", "mount_setattr",
+    # administration (no capability remains for them, refused anyway)
+    "acct", "quotactl", "swapon", "swapoff", "reboot", "kexec_load", "kexec_file_load", "init_module",
+    "finit_module", "delete_module", "syslog", "personality", "uselib", "name_to_handle_at",
+    "open_by_handle_at", "lookup_dcookie", "vhangup",
+)
+
+
+class SeccompUnavailable(Exception):
+    """libseccomp (or its binding) is missing."""
+
+
+def _rules(f, *, locks: bool) -> None:
+    import pyseccomp as sc
+
+    def deny(name: str, err: int, *args) -> None:
+        try:
+            f.add_rule(sc.ERRNO(err), name, *args)
+        except (RuntimeError, OSError, ValueError):
+            # A call this architecture or libseccomp does not know: nothing to refuse.
+            log.debug("seccomp: no syscall %s here", name)
+
+    for name in DENIED:
+        deny(name, errno.EPERM)
+    deny("clone3", errno.ENOSYS)
+    for flag in NAMESPACE_FLAGS:
+        deny("clone", errno.EPERM, sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    if not locks:
+        deny("flock", errno.ENOSYS)
+        for cmd in LOCK_COMMANDS:
+            deny("fcntl", errno.ENOSYS, sc.Arg(1, sc.EQ, cmd))
+
+
+@functools.cache
+def program(*, locks: bool = False) -> bytes:
+    """The BPF program (bytes) bubblewrap installs; `locks` keeps file locks working (the build
+    sandbox, where only uv runs and guards its shared cache with them)."""
+    try:
+        import pyseccomp as sc
+    except (ImportError, RuntimeError) as exc:  # RuntimeError: the binding found no libseccomp
+        raise SeccompUnavailable(
+            f"libseccomp is not usable ({exc}); install Debian's libseccomp2 and the pyseccomp package") from exc
+    f = sc.SyscallFilter(defaction=sc.ALLOW)
+    _rules(f, locks=locks)
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        data = out.read()
+    if not data or len(data) % 8:
+        raise SeccompUnavailable("libseccomp produced no filter")
+    return data
+
+
+def available() -> str | None:
+    """Why no filter can be built here (None: it can)."""
+    try:
+        program()
+    except SeccompUnavailable as exc:
+        return str(exc)
+    return None
+
