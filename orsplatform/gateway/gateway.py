@@ -231,7 +231,7 @@ class EpisodeGateway:
         try:
             await self.executor.wait_ready(live.sid, float("inf"))
         except SetupFailed as exc:
-            await self.store.session_mark_failed(live.pk, str(exc))
+            await self.store.session_mark_failed(live.pk, storable(redact(str(exc), live.secrets)))
             return
         except UnknownSession:
             return
@@ -353,7 +353,7 @@ class EpisodeGateway:
             raise GatewayError(503, "Environment is still starting; retry shortly.",
                                {"X-Backend-State": "starting", "Retry-After": "2"}) from None
         except SetupFailed as exc:
-            raise GatewayError(500, f"Environment setup failed: {exc}") from None
+            raise GatewayError(500, f"Environment setup failed: {redact(str(exc), live.secrets)}") from None
         except UnknownSession as exc:
             raise instance_gone(exc) from None
 
@@ -366,7 +366,7 @@ class EpisodeGateway:
         except RunnerUnavailable as exc:
             raise GatewayError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
         except Exception as exc:  # the environment's get_prompt() failed
-            raise GatewayError(500, f"get_prompt failed: {type(exc).__name__}: {exc}") from None
+            raise GatewayError(500, redact(f"get_prompt failed: {type(exc).__name__}: {exc}", live.secrets)) from None
         if not live.prompt_recorded:
             # For the session explorer and exports; off the request's path (the answer does not wait).
             live.prompt_recorded = True
@@ -387,7 +387,8 @@ class EpisodeGateway:
         except RunnerUnavailable as exc:
             raise GatewayError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
         except Exception as exc:
-            raise GatewayError(500, f"list_task_tools failed: {type(exc).__name__}: {exc}") from None
+            raise GatewayError(500, redact(f"list_task_tools failed: {type(exc).__name__}: {exc}",
+                                           live.secrets)) from None
 
     async def start_call(self, caller: Caller, live: LiveSession, name: str, tool_input: dict) -> CallEntry:
         """Start a tool call and return at once; `entry.done` is set when its result is recorded.
