@@ -28,6 +28,7 @@ from orsplatform.gateway.calls import CallRunner
 from orsplatform.gateway.errors import GatewayError, StoreUnavailable, storable
 from orsplatform.gateway.limits import Limits
 from orsplatform.gateway.live import CallEntry, DeferredEpisode, LiveSession, PendingSid, instance_gone
+from orsplatform.gateway.secrets import secrets_admitted
 from orsplatform.gateway.store import Store
 from orsplatform.runners.executor import (
     Executor,
@@ -138,7 +139,7 @@ class EpisodeGateway:
             task_spec = await self.task_spec(env, split, index)
         if sid in self.sessions or (sid in self.deferred and slot_taken is None):
             raise GatewayError(400, "Session already exists")
-        secrets = self._pending_secrets(caller, sid, secrets or {})
+        secrets = secrets_admitted(caller, env, self._pending_secrets(caller, sid, secrets or {}))
         runner = runner or await self._place(caller)
         holds_slot = slot_taken if slot_taken is not None else await self.limits.acquire_session(
             caller.team_id, sid, caller.max_open_sessions)
