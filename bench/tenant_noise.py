@@ -94,25 +94,35 @@ async def noise_loop(team: Team, case: str, stop: asyncio.Event, counts: dict[st
     await team.close(sid)
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU (user + system) of the gateway process itself, not its sandbox workers."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def p50_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000 if values else float("nan")
 
 
 async def measure(quiet: Team, noisy: Team, case: str, duration: float, quiet_workers: int,
-                  noisy_workers: int) -> dict:
+                  noisy_workers: int, gateway_pid: int) -> dict:
     latencies: list[float] = []
     errors: list[str] = []
     stop = asyncio.Event()
     workers = [asyncio.create_task(quiet_loop(quiet, latencies, stop, errors)) for _ in range(quiet_workers)]
     await asyncio.sleep(2.0)  # warm-up: sessions open, workers started
     latencies.clear()
+    cpu_start = process_cpu_seconds(gateway_pid)
     await asyncio.sleep(duration)
+    cpu_calm = process_cpu_seconds(gateway_pid) - cpu_start
     calm = list(latencies)
     calm_load = os.getloadavg()[0]
     latencies.clear()
     noise_stop, counts = asyncio.Event(), {}
     noise = [asyncio.create_task(noise_loop(noisy, case, noise_stop, counts)) for _ in range(noisy_workers)]
+    cpu_start = process_cpu_seconds(gateway_pid)
     await asyncio.sleep(duration)
+    cpu_loud = process_cpu_seconds(gateway_pid) - cpu_start
     loud = list(latencies)
     noise_stop.set()
     stop.set()
@@ -120,20 +130,23 @@ async def measure(quiet: Team, noisy: Team, case: str, duration: float, quiet_wo
     result = {"case": case, "quiet_p50_ms": p50_ms(calm), "noisy_p50_ms": p50_ms(loud),
               "ratio": p50_ms(loud) / p50_ms(calm), "quiet_calls": len(calm), "noisy_calls": len(loud),
               "noise_actions": counts.get(case, 0), "errors": len(errors),
+              # The gateway process's own CPU share (its sandbox workers excluded) in each window.
+              "gateway_cpu_quiet": round(cpu_calm / duration, 3), "gateway_cpu_noisy": round(cpu_loud / duration, 3),
               "loadavg_before": round(calm_load, 2), "loadavg_after": round(os.getloadavg()[0], 2)}
     print(f"{case:6s} quiet p50 {result['quiet_p50_ms']:7.2f} ms  under noise {result['noisy_p50_ms']:7.2f} ms  "
           f"ratio {result['ratio']:5.2f}  ({len(calm)}/{len(loud)} calls, {result['noise_actions']} noisy "
-          f"actions, {len(errors)} wrong answers, load {calm_load:.2f} -> {result['loadavg_after']:.2f})",
+          f"actions, {len(errors)} wrong answers, gateway CPU {result['gateway_cpu_quiet']:.2f} -> "
+          f"{result['gateway_cpu_noisy']:.2f}, load {calm_load:.2f} -> {result['loadavg_after']:.2f})",
           flush=True)
     return result
 
 
-async def run(base_url: str, tokens: dict[str, str], args: argparse.Namespace) -> list[dict]:
+async def run(base_url: str, tokens: dict[str, str], args: argparse.Namespace, gateway_pid: int) -> list[dict]:
     async with httpx.AsyncClient(base_url=base_url, timeout=300,
                                  limits=httpx.Limits(max_connections=64)) as client:
         quiet, noisy = Team(client, "quiet", tokens["quiet"]), Team(client, "noisy", tokens["noisy"])
-        return [await measure(quiet, noisy, case, args.duration, args.quiet_workers, args.noisy_workers)
-                for case in args.cases]
+        return [await measure(quiet, noisy, case, args.duration, args.quiet_workers, args.noisy_workers,
+                              gateway_pid) for case in args.cases]
 
 
 def main() -> int:
@@ -159,8 +172,8 @@ def main() -> int:
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
         with server_process("platform", platform_command("uvicorn", port), env, base_url,
-                            workdir / "platform.log", 60.0):
-            results = asyncio.run(run(base_url, tokens, args))
+                            workdir / "platform.log", 60.0) as proc:
+            results = asyncio.run(run(base_url, tokens, args, proc.pid))
     worst = max(r["ratio"] for r in results)
     print(f"worst ratio {worst:.2f} (budget {BUDGET})")
     if args.json_out:
