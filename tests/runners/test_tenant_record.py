@@ -171,3 +171,14 @@ async def test_an_oversized_output_ends_the_call_with_a_clear_error_and_a_trunca
     assert kept.startswith('{"id":') and 0 < len(kept.encode()) <= 4096
     assert secret not in kept and "[redacted]" in kept
     assert rows[1]["status"] == "ok"
+
+
+def test_a_truncated_copy_keeps_no_piece_of_a_secret_cut_at_its_end():
+    from orsplatform.runners.redact import redact_head, secret_values
+
+    secret = 'sbx"canary-1234'
+    values = secret_values({"api_key": secret})
+    # Whole, JSON-escaped (as an answer's raw text spells it), and cut by the truncation.
+    assert redact_head('{"text":"sbx\\"canary-1234 and sbx\\"can', values) == '{"text":"[redacted] and '
+    assert redact_head("plain sbx\"canary-1234 then sbx\"c", values) == "plain [redacted] then "
+    assert redact_head("nothing to hide", values) == "nothing to hide"
