@@ -39,7 +39,10 @@ from orsplatform.runners.sandbox.framing import PARSE_OFF_LOOP_BYTES, REPLY_ID, 
 
 log = logging.getLogger("orsplatform.sandbox")
 HEADER = struct.Struct(">I")
-MAX_FRAME = 64 * 1024 * 1024
+# The pipes' StreamReader limit: it stops reading a worker's pipe once twice this much waits unread,
+# so a worker writing faster than the supervisor reads is held back by its pipe, not buffered here
+# (frame sizes are framing.py's; a stderr line longer than this ends the draining of tenant prints).
+MAX_FRAME = 4 * 1024 * 1024
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 # Where things appear inside the sandbox.
 SANDBOX_WORKER = "/ors/worker.py"
