@@ -80,18 +80,25 @@ async def quiet_loop(team: Team, latencies: list[float], stop: asyncio.Event, er
 
 
 async def noise_loop(team: Team, case: str, stop: asyncio.Event, counts: dict[str, int]) -> None:
-    sid = await team.open()
+    sid = ""
     while not stop.is_set():
-        if case == "burn":
-            await team.call(sid, "burn", seconds=1.0)
-        elif case == "flood":
-            await team.call(sid, "flood", n=200, size=16 * MiB)  # kills its worker
-            await team.close(sid)
-            sid = await team.open()
-        elif case == "huge":
-            await team.call(sid, "huge", size=48 * MiB)
-        counts[case] = counts.get(case, 0) + 1
-    await team.close(sid)
+        try:
+            if not sid:
+                sid = await team.open()
+            if case == "burn":
+                await team.call(sid, "burn", seconds=1.0)
+            elif case == "flood":
+                await team.call(sid, "flood", n=200, size=16 * MiB)  # kills its worker
+                await team.close(sid)
+                sid = ""
+            elif case == "huge":
+                await team.call(sid, "huge", size=48 * MiB)
+            counts[case] = counts.get(case, 0) + 1
+        except (httpx.HTTPError, RuntimeError):  # its worker is gone: the next session gets another
+            counts["failed"] = counts.get("failed", 0) + 1
+            sid = ""
+    if sid:
+        await team.close(sid)
 
 
 def process_cpu_seconds(pid: int) -> float:
