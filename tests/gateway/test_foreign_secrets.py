@@ -99,3 +99,15 @@ async def test_openenvs_reset_is_refused_undeclared_secrets_for_another_teams_en
     r = await client.post(f"/openenv/{DECLARING}/reset", headers=owner.headers,
                           json={"split": "train", "index": 0, "secrets": {"API_TOKEN": "token-value-1234"}})
     assert r.status_code == 200, r.text
+
+
+async def test_a_create_naming_no_environment_is_refused_when_its_first_request_names_one(client, owner, declaring):
+    # ors.client's split+index form: /create names no environment; the episode is bound (and its
+    # secrets checked) by the first environment-scoped request.
+    sid = (await client.post("/create_session", headers=owner.headers)).json()["sid"]
+    r = await client.post("/create", headers={**owner.headers, "X-Session-ID": sid},
+                          json={"split": "train", "index": 0, "secrets": {"OTHER_KEY": "other-value-5678"}})
+    assert r.status_code == 200, r.text
+    r = await client.get(f"/{DECLARING}/prompt", headers={**owner.headers, "X-Session-ID": sid})
+    assert r.status_code == 400 and "OTHER_KEY" in r.json()["detail"] and "other-value-5678" not in r.text
+    assert await acount(sid=sid) == 0
