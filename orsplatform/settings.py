@@ -233,6 +233,23 @@ ORS_SANDBOX_TMP_MB = sandbox_setting("ORS_SANDBOX_TMP_MB")
 ORS_SANDBOX_MAX_TMP_MB = sandbox_setting("ORS_SANDBOX_MAX_TMP_MB")
 # Each worker's CPU weight in its own cgroup (docs/sandbox.md): CPU is shared per worker.
 ORS_SANDBOX_CPU_WEIGHT = sandbox_setting("ORS_SANDBOX_CPU_WEIGHT")
+# The tenant record (docs/tenant-record.md). A sandbox worker's channel: an answer (tool output,
+# prompt, task tools) over ORS_MAX_TOOL_OUTPUT_BYTES ends its request with an error and the audit
+# log keeps its first ORS_AUDIT_TRUNCATED_BYTES; a frame over ORS_MAX_FRAME_BYTES, one unfinished
+# after ORS_FRAME_DEADLINE_SECONDS, or one answering no request kills the worker. Runner nodes read
+# the same variables (runners/sandbox/framing.py holds the defaults).
+from orsplatform.runners.sandbox.framing import channel_setting  # noqa: E402
+
+ORS_MAX_TOOL_OUTPUT_BYTES = channel_setting("ORS_MAX_TOOL_OUTPUT_BYTES")
+ORS_MAX_FRAME_BYTES = channel_setting("ORS_MAX_FRAME_BYTES")
+ORS_FRAME_DEADLINE_SECONDS = channel_setting("ORS_FRAME_DEADLINE_SECONDS")
+ORS_AUDIT_TRUNCATED_BYTES = channel_setting("ORS_AUDIT_TRUNCATED_BYTES")
+# Teams whose environments may receive any secret a caller sends, as a team's own environments do
+# (comma-separated slugs; default the platform's builtin team, whose environments the operator
+# publishes). Any other team's environment receives only the secrets its manifest declares in
+# required_secrets; a /create sending others is refused (400).
+ORS_SECRETS_TRUSTED_TEAMS = [t.strip() for t in os.environ.get("ORS_SECRETS_TRUSTED_TEAMS", os.environ.get(
+    "ORS_BUILTIN_TEAM", "builtin")).split(",") if t.strip()]
 ORS_DEFAULT_TOOL_TIMEOUT_SECONDS = env_float("ORS_DEFAULT_TOOL_TIMEOUT_SECONDS", 600.0)
 # Environment used by clients that name none (ors.client's split+index form); "team/slug".
 ORS_DEFAULT_ENVIRONMENT = os.environ.get("ORS_DEFAULT_ENVIRONMENT", "builtin/math")

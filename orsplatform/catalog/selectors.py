@@ -39,6 +39,8 @@ class EnvHandle:
     tool_timeout: float
     splits: dict[str, SplitInfo]
     split_order: tuple[str, ...]
+    # The secret names its manifest declares: all another team's caller may send it.
+    required_secrets: frozenset[str] = frozenset()
 
     @property
     def full_name(self) -> str:
@@ -89,6 +91,7 @@ def _handle(environment: Environment, version: EnvironmentVersion) -> EnvHandle:
         slug=environment.slug, visibility=environment.visibility, version_id=version.id,
         version_number=version.number, package_path=version.package_path, entrypoint=version.entrypoint,
         tools=version.tools, tool_timeout=float(timeout), splits=infos, split_order=order,
+        required_secrets=frozenset(n for n in version.manifest.get("required_secrets") or () if isinstance(n, str)),
     )
 
 

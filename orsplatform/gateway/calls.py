@@ -52,24 +52,29 @@ class CallRunner:
                     "started_at": started_at.isoformat()}
             outcome, encoded = await self._execute(live, name, tool_input, entry.task_id, note)
             live.count_call(outcome.result)
-            # The audit log's copy: secrets stripped (by the executor that holds them, or here);
-            # NUL characters (which PostgreSQL cannot store) replaced only when the encoded result
-            # shows one, so an ordinary call is not walked.
-            audit_result = outcome.audit if outcome.audit is not None else redact(outcome.result, live.secrets)
-            if encoded is not None and b"\\u0000" in encoded:
+            # The audit log's copy is made by the platform from the very result the agent is sent:
+            # the executor's copy (it holds the secrets; on the celery executor it is the runner
+            # node, platform code) stripped again with the secrets this gateway holds. A sandbox
+            # worker's own copies are never read. NUL characters (which PostgreSQL cannot store)
+            # are replaced only when the encoded result shows one, so an ordinary call is not walked.
+            audit_result = redact(outcome.audit if outcome.audit is not None else outcome.result, live.secrets)
+            if (encoded is not None and b"\\u0000" in encoded) or outcome.audit is not None:
                 audit_result = storable(audit_result)
+            # The input recorded is the one this gateway received; the executor's stripped copy
+            # only when this gateway holds no secrets (a session another gateway created).
+            if outcome.audit_input is not None and not live.secrets:
+                audit_input = storable(outcome.audit_input)
+            exception = storable(redact(outcome.exception, live.secrets))
             try:
                 await self.store.tool_call_record(
-                    session_pk=live.pk, task_id=entry.task_id, name=storable(name),
-                    input=audit_input if outcome.audit_input is None else storable(outcome.audit_input),
-                    result=audit_result, exception=storable(outcome.exception), started_at=started_at,
-                    finished_at=timezone.now(),
+                    session_pk=live.pk, task_id=entry.task_id, name=storable(name), input=audit_input,
+                    result=audit_result, exception=exception, started_at=started_at, finished_at=timezone.now(),
                 )
                 recorded = True
             except Exception:
                 log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
             entry.result_json = encoded.decode() if encoded is not None else None
-            entry.exception = outcome.exception
+            entry.exception = exception
         except Exception as exc:
             log.exception("tool call %s of session %s failed in the platform", entry.task_id, live.sid)
             entry.exception = f"The platform could not complete the call ({type(exc).__name__})."
@@ -116,6 +121,8 @@ class CallRunner:
         if status == ToolCall.Status.RUNNING:
             entry.exception = "The call was interrupted."
         elif result is not None:
+            if "truncated_output" in result:  # the audit log's own addition to an over-limit answer
+                result = {k: v for k, v in result.items() if k != "truncated_output"}
             entry.result_json = orjson.dumps(result).decode()
         else:
             entry.exception = error or "The call failed."
@@ -126,7 +133,7 @@ class CallRunner:
         try:
             outcome = await self.executor.wait_result(entry.task_id, live.runner, live.env.tool_timeout)
             if outcome.result is None:
-                entry.exception = outcome.exception
+                entry.exception = redact(outcome.exception, live.secrets)
             else:
                 entry.result_json, entry.exception = orjson.dumps(outcome.result).decode(), outcome.exception
         except Exception as exc:

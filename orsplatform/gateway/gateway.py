@@ -28,6 +28,7 @@ from orsplatform.gateway.calls import CallRunner
 from orsplatform.gateway.errors import GatewayError, StoreUnavailable, storable
 from orsplatform.gateway.limits import Limits
 from orsplatform.gateway.live import CallEntry, DeferredEpisode, LiveSession, PendingSid, instance_gone
+from orsplatform.gateway.secrets import secrets_admitted
 from orsplatform.gateway.store import Store
 from orsplatform.runners.executor import (
     Executor,
@@ -138,7 +139,7 @@ class EpisodeGateway:
             task_spec = await self.task_spec(env, split, index)
         if sid in self.sessions or (sid in self.deferred and slot_taken is None):
             raise GatewayError(400, "Session already exists")
-        secrets = self._pending_secrets(caller, sid, secrets or {})
+        secrets = secrets_admitted(caller, env, self._pending_secrets(caller, sid, secrets or {}))
         runner = runner or await self._place(caller)
         holds_slot = slot_taken if slot_taken is not None else await self.limits.acquire_session(
             caller.team_id, sid, caller.max_open_sessions)
@@ -231,7 +232,7 @@ class EpisodeGateway:
         try:
             await self.executor.wait_ready(live.sid, float("inf"))
         except SetupFailed as exc:
-            await self.store.session_mark_failed(live.pk, str(exc))
+            await self.store.session_mark_failed(live.pk, storable(redact(str(exc), live.secrets)))
             return
         except UnknownSession:
             return
@@ -353,7 +354,7 @@ class EpisodeGateway:
             raise GatewayError(503, "Environment is still starting; retry shortly.",
                                {"X-Backend-State": "starting", "Retry-After": "2"}) from None
         except SetupFailed as exc:
-            raise GatewayError(500, f"Environment setup failed: {exc}") from None
+            raise GatewayError(500, f"Environment setup failed: {redact(str(exc), live.secrets)}") from None
         except UnknownSession as exc:
             raise instance_gone(exc) from None
 
@@ -366,7 +367,7 @@ class EpisodeGateway:
         except RunnerUnavailable as exc:
             raise GatewayError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
         except Exception as exc:  # the environment's get_prompt() failed
-            raise GatewayError(500, f"get_prompt failed: {type(exc).__name__}: {exc}") from None
+            raise GatewayError(500, redact(f"get_prompt failed: {type(exc).__name__}: {exc}", live.secrets)) from None
         if not live.prompt_recorded:
             # For the session explorer and exports; off the request's path (the answer does not wait).
             live.prompt_recorded = True
@@ -387,7 +388,8 @@ class EpisodeGateway:
         except RunnerUnavailable as exc:
             raise GatewayError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
         except Exception as exc:
-            raise GatewayError(500, f"list_task_tools failed: {type(exc).__name__}: {exc}") from None
+            raise GatewayError(500, redact(f"list_task_tools failed: {type(exc).__name__}: {exc}",
+                                           live.secrets)) from None
 
     async def start_call(self, caller: Caller, live: LiveSession, name: str, tool_input: dict) -> CallEntry:
         """Start a tool call and return at once; `entry.done` is set when its result is recorded.

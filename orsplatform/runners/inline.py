@@ -24,7 +24,9 @@ from orsplatform.runners.executor import (
     UnknownSession,
     WorkerLost,
 )
+from orsplatform.runners.redact import redact, redact_head, secret_values
 from orsplatform.runners.sandbox.config import SandboxConfig, SandboxUnavailable, probe
+from orsplatform.runners.sandbox.framing import ReplyTooLarge
 from orsplatform.runners.sandbox.pool import CallTimedOut, SandboxPool, Worker, WorkerError, WorkerGone
 
 log = logging.getLogger(__name__)
@@ -42,10 +44,29 @@ class _Live:
     # What the worker answered with setup (prompt, task tools): served until the first call, after
     # which the instance may have changed and the worker is asked again.
     first: dict | None = None
+    # The session's secret values: everything of the worker's that leaves this executor (errors,
+    # the audit copies) is stripped of them here, in platform code, never trusted to the worker.
+    secrets: tuple[str, ...] = ()
 
 
 def tool_error(message: str, reason: str) -> dict:
     return {"ok": False, "error": message, "reason": reason}
+
+
+def checked_result(value: object) -> dict | None:
+    """The worker's result if it has the shape of an ORS result (what the gateway counts and
+    records: ok, and for a success an output whose reward is a number or null), else None."""
+    if not isinstance(value, dict) or not isinstance(value.get("ok"), bool):
+        return None
+    if not value["ok"]:
+        return value if isinstance(value.get("error", ""), str) else None
+    output = value.get("output")
+    if not isinstance(output, dict):
+        return None
+    reward = output.get("reward")
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
+        return None
+    return value
 
 
 def sandbox_config(threads: int) -> SandboxConfig:
@@ -83,7 +104,7 @@ class InlineExecutor(Executor):
         self._teardowns: set[asyncio.Task] = set()
 
     async def start(self, spec: SessionSpec, runner: str = "") -> None:
-        live = _Live()
+        live = _Live(secrets=secret_values(spec.secrets))
         self._live[spec.sid] = live
         live.setup_task = asyncio.create_task(self._setup(live, spec))
 
@@ -98,13 +119,19 @@ class InlineExecutor(Executor):
         except asyncio.CancelledError:
             live.error = "Session deleted during setup."
             raise
-        except WorkerError as exc:  # already stripped of the session's secrets by the worker
-            log.warning("setup failed for session %s: %s", spec.sid, str(exc).partition(":")[0])
+        except WorkerError as exc:  # the environment's message: stripped here, not trusted to the worker
+            live.error = redact(str(exc), live.secrets)
+            # Only the exception's name in the log (a short, identifier-like one): the message is
+            # the tenant's, and the log is the operator's.
+            name = live.error.partition(":")[0]
+            log.warning("setup failed for session %s: %s", spec.sid,
+                        name if name.isidentifier() and len(name) <= 100 else "(the environment's error)")
+        except ReplyTooLarge as exc:
             live.error = str(exc)
         except (WorkerGone, PermissionError) as exc:
             live.error = str(exc)
         except Exception as exc:  # e.g. the task spec cannot be encoded
-            live.error = f"{type(exc).__name__}: {exc}"
+            live.error = redact(f"{type(exc).__name__}: {exc}", live.secrets)
         finally:
             live.ready.set()
 
@@ -138,10 +165,12 @@ class InlineExecutor(Executor):
             return await worker.request(op, sid=sid)
         except WorkerGone as exc:
             raise WorkerLost(str(exc)) from None
+        except ReplyTooLarge as exc:
+            raise EnvironmentFailed(str(exc)) from None
         except WorkerError as exc:
             if exc.kind == "unknown":
                 raise UnknownSession(sid) from None
-            raise _environment_error(str(exc)) from None
+            raise _environment_error(redact(str(exc), live.secrets)) from None
 
     async def prompt(self, sid: str) -> list[dict]:
         return await self._ask(sid, "prompt")
@@ -160,17 +189,41 @@ class InlineExecutor(Executor):
                 value = await worker.request("call", timeout=timeout, sid=sid, name=name, input=input)
             except CallTimedOut:
                 return CallOutcome(result=tool_error(f"Tool {name!r} timed out after {timeout:g} s", "timeout"))
+            except ReplyTooLarge as exc:
+                # The agent gets a tool error; the audit log keeps the answer's beginning.
+                result = tool_error(f"Tool {name!r} answered with more than the platform accepts: {exc}",
+                                    "output_too_large")
+                audit = {**result, "truncated_output": redact_head(exc.head, live.secrets)}
+                return CallOutcome(result=result, audit=audit, audit_input=self._audit_input(live, input))
             except WorkerGone as exc:
                 return CallOutcome(exception=str(exc))
             except WorkerError as exc:
                 if exc.kind == "unknown":
                     raise UnknownSession(sid) from None
-                return CallOutcome(exception=str(exc))
-            result = value.get("result")
-            if result is not None and result.get("ok") and (result.get("output") or {}).get("finished"):
+                return CallOutcome(exception=redact(str(exc), live.secrets))
+            # Only the result and the exception are taken from the worker; the audit copies are made
+            # here from the very result the agent is sent (a worker's own copies are never read).
+            raw = value.get("result") if isinstance(value, dict) else None
+            exception = value.get("exception") if isinstance(value, dict) else None
+            result = checked_result(raw)
+            if result is None and (raw is not None or not isinstance(exception, str)):
+                return CallOutcome(exception=f"The environment's answer to {name!r} does not follow the protocol.")
+            if result is not None and result["ok"] and result["output"].get("finished"):
                 live.finished = True
-            return CallOutcome(result=result, exception=value.get("exception"), audit=value.get("audit"),
-                               audit_input=value.get("audit_input"))
+            if exception is not None:
+                return CallOutcome(exception=redact(str(exception), live.secrets))
+            audit = None
+            if live.secrets:
+                stripped = redact(result, live.secrets)
+                audit = stripped if stripped != result else None
+            return CallOutcome(result=result, audit=audit, audit_input=self._audit_input(live, input))
+
+    @staticmethod
+    def _audit_input(live: _Live, tool_input: dict) -> dict | None:
+        if not live.secrets:
+            return None
+        stripped = redact(tool_input, live.secrets)
+        return stripped if stripped != tool_input else None
 
     async def stop(self, sid: str) -> None:
         # The session is gone for every request from here on; its teardown in the worker runs in

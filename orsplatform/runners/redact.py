@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 REDACTED = "[redacted]"
 MIN_SECRET_LENGTH = 4  # shorter values would redact ordinary text
 
@@ -30,3 +32,19 @@ def redact(value: Any, secrets: tuple[str, ...]) -> Any:
 def secret_values(secrets: dict[str, str]) -> tuple[str, ...]:
     # Longest first, so a secret that contains another is removed whole.
     return tuple(sorted({v for v in secrets.values() if len(v) >= MIN_SECRET_LENGTH}, key=len, reverse=True))
+
+
+def redact_head(text: str, secrets: tuple[str, ...]) -> str:
+    """`text` cut from a longer one (an over-limit answer's beginning, as raw JSON): its secrets
+    stripped, in their JSON-escaped spelling too, and an end that may be the first part of a
+    secret cut off, so no piece of one survives the cut."""
+    if not secrets:
+        return text
+    spellings = tuple(sorted({*secrets, *(orjson.dumps(s).decode()[1:-1] for s in secrets)}, key=len, reverse=True))
+    text = redact(text, spellings)
+    for secret in spellings:
+        for n in range(min(len(secret) - 1, len(text)), 0, -1):
+            if text.endswith(secret[:n]):
+                text = text[:-n]
+                break
+    return text

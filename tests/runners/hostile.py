@@ -180,6 +180,7 @@ HOSTILE_MANIFEST = textwrap.dedent('''
     entrypoint = "env:Hostile"
     visibility = "public"
     tool_timeout_seconds = {timeout}
+    required_secrets = ["api_key"]
 
     [sandbox]
     memory_mb = 512

@@ -31,6 +31,7 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,14 @@ import orjson
 from orsplatform.runners.sandbox import seccomp
 from orsplatform.runners.sandbox.cgroups import WorkerCgroup, descendants, kill_strays
 from orsplatform.runners.sandbox.config import Limits, SandboxConfig
+from orsplatform.runners.sandbox.framing import PARSE_OFF_LOOP_BYTES, REPLY_ID, ChannelLimits, ReplyTooLarge
 
 log = logging.getLogger("orsplatform.sandbox")
 HEADER = struct.Struct(">I")
-MAX_FRAME = 64 * 1024 * 1024
+# The pipes' StreamReader limit: it stops reading a worker's pipe once twice this much waits unread,
+# so a worker writing faster than the supervisor reads is held back by its pipe, not buffered here
+# (frame sizes are framing.py's; a stderr line longer than this ends the draining of tenant prints).
+MAX_FRAME = 4 * 1024 * 1024
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 LAUNCH_SCRIPT = Path(__file__).with_name("launch.py")
 # Where things appear inside the sandbox: neutral paths, none of the host's.
@@ -388,28 +393,20 @@ class Worker:
     async def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         stdout = self.proc.stdout
-        buffer = bytearray()
+        # The channel is bounded (framing.py): whatever tenant code writes on it, the supervisor
+        # holds at most one answer of ORS_MAX_TOOL_OUTPUT_BYTES, for at most the frame deadline.
+        frames = _Frames(self, ChannelLimits.current())
         try:
             # Whatever the pipe holds, then every whole frame in it: a batch of replies costs one
             # read, not two awaits per frame.
             while chunk := await stdout.read(READ_CHUNK):
-                buffer += chunk
-                offset, end = 0, len(buffer)
-                while end - offset >= HEADER.size:
-                    (size,) = HEADER.unpack_from(buffer, offset)
-                    if size > MAX_FRAME:
-                        self.kill("it sent a message larger than the protocol allows")
-                        raise _Stop
-                    if end - offset - HEADER.size < size:
-                        break
-                    start = offset + HEADER.size
-                    self._answer(orjson.loads(memoryview(buffer)[start:start + size]))
-                    offset = start + size
-                del buffer[:offset]
+                await frames.feed(chunk)
         except (_Stop, ConnectionError):
             pass
         except Exception as exc:  # garbage on the pipe: the worker (tenant code) broke the protocol
             self.kill(f"it broke the supervisor protocol ({type(exc).__name__})")
+        finally:
+            frames.close()
         try:
             returncode = await asyncio.wait_for(self.proc.wait(), 2.0)
         except TimeoutError:  # it closed its end of the pipe but lives on: nothing can reach it
@@ -419,14 +416,31 @@ class Worker:
 
     def _answer(self, message: Any) -> None:
         request_id = message.get("id") if isinstance(message, dict) else None
-        if request_id == 0:
-            if self._ready is not None and not self._ready.done():
-                self._ready.set_result(None)
+        if not isinstance(request_id, int) or isinstance(request_id, bool):
+            self.kill("it sent a message that is not a reply")
+            raise _Stop
+        if request_id == 0 and self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
             return
-        self._overdue.pop(request_id, None)
         future = self._pending.pop(request_id, None)
-        if future is not None and not future.done():
+        if future is None:
+            # Every reply answers a request the supervisor sent (a cancelled one's id stays pending
+            # until its late reply): anything else is a flood, or an attempt to answer for another.
+            self.kill("it sent a message that answers no request")
+            raise _Stop
+        self._overdue.pop(request_id, None)
+        if not future.done():
             future.set_result(message)
+
+    def _refuse(self, request_id: int, exc: Exception) -> None:
+        """End a pending request with `exc` (its answer was too large to be taken)."""
+        future = self._pending.pop(request_id, None)
+        if future is None:
+            self.kill("it sent a message that answers no request")
+            raise _Stop
+        self._overdue.pop(request_id, None)
+        if not future.done():
+            future.set_exception(exc)
 
     def _write(self, frame: bytes, lazy: bool) -> None:
         self._out.append(frame)
@@ -546,7 +560,9 @@ class Worker:
             future.add_done_callback(_consume)
             raise CallTimedOut() from None
         except asyncio.CancelledError:
-            self._pending.pop(request_id, None)
+            # The id stays pending (its future done) until the reply comes: a late reply is then
+            # dropped, not taken for a message that answers no request.
+            future.add_done_callback(_consume)
             raise
         if reply.get("ok"):
             return reply.get("value")
@@ -569,6 +585,107 @@ async def _remove_later(cgroup: WorkerCgroup, seconds: float = 10.0) -> None:
 def _consume(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
+
+
+_PARSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ors-frames")
+
+
+class _Frames:
+    """A worker's channel as the supervisor reads it: whole frames are decoded (large ones on a
+    thread) and answered; a frame over the output limit is never held whole (its beginning is
+    kept for the audit log, the rest discarded as it arrives); a frame begun and not finished
+    within the deadline kills the worker."""
+
+    def __init__(self, worker: Worker, limits: ChannelLimits) -> None:
+        self.worker = worker
+        self.limits = limits
+        self.buffer = bytearray()
+        self.skipping = 0  # bytes of an over-limit frame still to discard
+        self.skip_size = 0
+        self.skip_id: int | None = None  # its request, once read from its beginning
+        self.head = bytearray()
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def feed(self, chunk: bytes) -> None:
+        completed = False
+        if self.skipping:
+            chunk = self._discard(chunk)
+            if self.skipping:
+                return
+            completed = True
+        buffer = self.buffer
+        buffer += chunk
+        offset, end = 0, len(buffer)
+        limits = self.limits
+        while end - offset >= HEADER.size:
+            (size,) = HEADER.unpack_from(buffer, offset)
+            if size > limits.max_frame:
+                self.worker.kill("it sent a message larger than the protocol allows")
+                raise _Stop
+            start = offset + HEADER.size
+            if size > limits.max_output:
+                self.skipping, self.skip_size, self.skip_id, self.head = size, size, None, bytearray()
+                rest = self._discard(bytes(memoryview(buffer)[start:]))
+                del buffer[:]
+                if self.skipping:
+                    self._arm(restart=True)
+                    return
+                buffer += rest
+                offset, end, completed = 0, len(buffer), True
+                continue
+            if end - start < size:
+                break
+            if size > PARSE_OFF_LOOP_BYTES:
+                body = bytes(memoryview(buffer)[start:start + size])
+                message = await asyncio.get_running_loop().run_in_executor(_PARSER, orjson.loads, body)
+            else:
+                message = orjson.loads(memoryview(buffer)[start:start + size])
+            self.worker._answer(message)
+            offset = start + size
+            completed = True
+        del buffer[:offset]
+        if buffer:
+            self._arm(restart=completed)
+        else:
+            self._disarm()
+
+    def _discard(self, chunk: bytes) -> bytes:
+        """Take the over-limit frame's bytes from `chunk`; what follows it is returned."""
+        take = min(len(chunk), self.skipping)
+        want = max(self.limits.truncated, 64)  # at least enough to read the reply's id
+        if len(self.head) < want:
+            self.head += chunk[:min(take, want - len(self.head))]
+        self.skipping -= take
+        if self.skip_id is None and (len(self.head) >= want or not self.skipping):
+            match = REPLY_ID.match(self.head)
+            if match is None:
+                self.worker.kill("it sent a message that is not a reply")
+                raise _Stop
+            self.skip_id = int(match.group(1))
+            # Answered now (the caller need not wait for the rest to be discarded); an id that
+            # answers no request kills the worker before the rest is read.
+            head = bytes(self.head[:self.limits.truncated]).decode("utf-8", "replace")
+            self.worker._refuse(self.skip_id, ReplyTooLarge(self.skip_size, self.limits.max_output, head))
+            self.head = bytearray()
+        return chunk[take:]
+
+    def _arm(self, restart: bool) -> None:
+        if self.timer is not None and not restart:
+            return  # the same partial frame: its deadline stands
+        self._disarm()
+        self.timer = asyncio.get_running_loop().call_later(self.limits.deadline, self._overdue)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _overdue(self) -> None:
+        self.timer = None
+        self.worker.kill(f"a message from it did not arrive whole within {self.limits.deadline:g} s")
+
+    def close(self) -> None:
+        self._disarm()
 
 
 class SandboxPool:

@@ -333,15 +333,8 @@ class Host:
             outcome = await live.dispatch(live.instance, msg["name"], tool_input)
         except Exception as exc:
             outcome = {"exception": redact(f"{type(exc).__name__}: {exc}", live.secrets)}
-        if live.secrets:
-            # Audit copies without the session's secrets, made here where the secrets are.
-            if outcome.get("result") is not None:
-                audit = redact(outcome["result"], live.secrets)
-                if audit != outcome["result"]:
-                    outcome["audit"] = audit
-            audit_input = redact(tool_input, live.secrets)
-            if audit_input != tool_input:
-                outcome["audit_input"] = audit_input
+        # {"result"} or {"exception"}, nothing else: what is recorded, and stripped of the
+        # session's secrets, is decided by the supervisor (this process runs tenant code).
         return outcome
 
     async def _dispatch(self, instance: Any, name: str, tool_input: dict) -> dict:
