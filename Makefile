@@ -35,9 +35,11 @@ publish: migrate
 devkey: publish
 	@$(PY) manage.py dev_key
 
+# The perimeter's protocol: httptools with a header deadline and a connection cap (docs/perimeter.md).
 run: sandbox-deps publish devkey
 	$(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
-		--loop uvloop --http httptools --no-access-log --timeout-graceful-shutdown 5
+		--loop uvloop --http orsplatform.perimeter.connections:PerimeterHttpToolsProtocol \
+		--no-access-log --timeout-graceful-shutdown 5
 
 test: install sandbox-deps browser-deps
 	$(PY) -m pytest
