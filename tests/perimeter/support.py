@@ -9,7 +9,6 @@ import resource
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,34 +94,63 @@ def health_once(proc: ServerProcess, timeout: float = 5.0) -> tuple[int, float]:
     return status, elapsed
 
 
+# The prober runs in a process of its own, as a monitoring client would: the test's own threads
+# (an attack's writer, a 3 MB upload being built) would otherwise delay it through the GIL.
+_PROBE = """
+import socket, sys, time
+host, port, interval = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+while True:
+    started = time.perf_counter()
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(b"GET /health HTTP/1.1\\r\\nHost: ors\\r\\nConnection: close\\r\\n\\r\\n")
+            data = b""
+            while b"\\r\\n\\r\\n" not in data:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+        print(status, time.perf_counter() - started, flush=True)
+    except OSError as exc:
+        print("error", repr(exc).replace(" ", "_"), flush=True)
+    time.sleep(interval)
+"""
+
+
 @dataclass
 class HealthProbe:
-    """Asks /health every `interval` seconds on a new connection until stopped."""
+    """Asks /health every `interval` seconds on a new connection, from another process, until
+    stopped."""
 
     proc: ServerProcess
     interval: float = 0.05
     answers: list[tuple[int, float]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.answers.append(health_once(self.proc))
-            except OSError as exc:
-                self.errors.append(repr(exc))
-            self._stop.wait(self.interval)
-
     def __enter__(self) -> HealthProbe:
-        self._thread.start()
+        host, port = address(self.proc)
+        self._process = subprocess.Popen([sys.executable, "-c", _PROBE, host, str(port), str(self.interval)],
+                                         stdout=subprocess.PIPE, text=True)
+        # Started when its first answer is in.
+        first = self._process.stdout.readline()
+        self._parse(first)
         return self
 
+    def _parse(self, line: str) -> None:
+        words = line.split()
+        if len(words) != 2:
+            return  # cut short by the stop
+        if words[0] == "error":
+            self.errors.append(words[1])
+        else:
+            self.answers.append((int(words[0]), float(words[1])))
+
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        self._process.terminate()
+        out, _ = self._process.communicate(timeout=30)
+        for line in out.splitlines()[:-1]:  # the last line may be cut by the stop
+            self._parse(line)
 
     def assert_healthy(self, *, under: float = 0.1, at_least: int = 5) -> None:
         assert not self.errors, self.errors[:5]
@@ -172,3 +200,49 @@ def temp_bytes(pid: int, tmpdir: Path) -> int:
         except OSError:
             pass
     return total
+
+
+NGINX_TEMPLATE = ROOT / "docker" / "nginx" / "ors.conf.template"
+
+
+def render_nginx(run_dir: Path, *, listen: str, upstreams: list[str], **overrides: str) -> Path:
+    """docker/nginx/ors.conf.template with test values (what envsubst does in the image)."""
+    values = {
+        "ORS_NGINX_RUN_DIR": str(run_dir), "ORS_NGINX_OPEN_FILES": "4096", "ORS_NGINX_WORKER_CONNECTIONS": "2048",
+        "ORS_HEADER_TIMEOUT_SECONDS": "10", "ORS_NGINX_CONNECTIONS_PER_CLIENT": "1024",
+        "ORS_MAX_REQUEST_BYTES": str(1024 * 1024), "ORS_MAX_BODY_BYTES": str(10 * 1024 * 1024),
+        "ORS_MAX_PACKAGE_UPLOAD_BYTES": str(65 * 1024 * 1024), "ORS_MAX_TASK_UPLOAD_BYTES": str(4 * 1024**3 + 1024 * 1024),
+        "ORS_NGINX_LISTEN": listen, "ORS_NGINX_UPSTREAMS": " ".join(f"server {u} max_fails=0;" for u in upstreams),
+        **overrides,
+    }
+    text = re.sub(r"\$\{(ORS_[A-Z0-9_]+)\}", lambda m: values[m[1]], NGINX_TEMPLATE.read_text())
+    path = run_dir / "nginx.conf"
+    path.write_text(text)
+    return path
+
+
+def start_nginx(tmp_path: Path, *, upstreams: list[str], **overrides: str) -> ServerProcess:
+    """Debian's nginx (bin/system-deps proxy) on a free port with the rendered template."""
+    run_dir = tmp_path / f"nginx-{free_port()}"
+    run_dir.mkdir()
+    port = free_port()
+    conf = render_nginx(run_dir, listen=f"127.0.0.1:{port}", upstreams=upstreams, **overrides)
+    log_path = run_dir / "nginx.log"
+    # `user` only matters when the tests run as root: the workers then stay root, as the files are.
+    process = subprocess.Popen(["nginx", "-e", "stderr", "-p", str(run_dir), "-c", str(conf), "-g", "daemon off; user root;"],
+                               stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+    proc = ServerProcess(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
+
+    def listening() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"nginx exited:\n{proc.log()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    if not wait_for(listening, timeout=30):
+        proc.stop()
+        raise RuntimeError(f"nginx did not start:\n{proc.log()}")
+    return proc

@@ -115,15 +115,18 @@ def test_an_idle_socket_flood_past_the_cap_sheds_idle_sockets_and_health_keeps_a
 
 def test_a_connection_in_use_is_not_shed_for_a_newcomer(launch, owner):
     proc = launch(ORS_MAX_CONNECTIONS="20", ORS_HEADER_TIMEOUT_SECONDS="60")
-    # An SSE-like long request: a body that has not finished arriving keeps its request in flight.
+    # A long request (like an SSE stream): a body still arriving keeps its request in flight.
     busy = socket.create_connection(address(proc), timeout=10)
-    busy.sendall(b"POST /accounts/login/ HTTP/1.1\r\nHost: ors\r\nContent-Length: 100\r\n\r\nab")
-    time.sleep(0.2)  # let the server read the headers (there is no event to wait on from outside)
+    busy.sendall(b"POST /accounts/login/ HTTP/1.1\r\nHost: ors\r\nContent-Length: 100\r\n"
+                 b"Expect: 100-continue\r\n\r\n")
+    # The server read the headers and the application waits for the body.
+    assert busy.recv(100).startswith(b"HTTP/1.1 100 ")
+    busy.sendall(b"ab")
     idle = connect_many(proc, 60)
     with HealthProbe(proc) as probe:
         assert wait_for(lambda: sum(not closed_by_peer(s) for s in idle) < 20, timeout=30)
     probe.assert_healthy(at_least=1)
-    assert not closed_by_peer(busy)
+    assert not closed_by_peer(busy), proc.log()
     busy.sendall(b"x" * 98)
     assert busy.recv(100).startswith(b"HTTP/1.1 ")
     close_all(idle + [busy])
