@@ -9,6 +9,7 @@ import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -132,25 +133,34 @@ class HealthProbe:
         host, port = address(self.proc)
         self._process = subprocess.Popen([sys.executable, "-c", _PROBE, host, str(port), str(self.interval)],
                                          stdout=subprocess.PIPE, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         # Started when its first answer is in.
-        first = self._process.stdout.readline()
-        self._parse(first)
+        self.wait_answers(1)
         return self
+
+    def _read(self) -> None:
+        for line in self._process.stdout:
+            if line.endswith("\n"):  # the last line may be cut by the stop
+                self._parse(line)
 
     def _parse(self, line: str) -> None:
         words = line.split()
         if len(words) != 2:
-            return  # cut short by the stop
+            return
         if words[0] == "error":
             self.errors.append(words[1])
         else:
             self.answers.append((int(words[0]), float(words[1])))
 
+    def wait_answers(self, count: int, timeout: float = 60) -> None:
+        """Keep the attack on until the prober has had `count` answers (or errors)."""
+        assert wait_for(lambda: len(self.answers) + len(self.errors) >= count, timeout=timeout)
+
     def __exit__(self, *exc) -> None:
         self._process.terminate()
-        out, _ = self._process.communicate(timeout=30)
-        for line in out.splitlines()[:-1]:  # the last line may be cut by the stop
-            self._parse(line)
+        self._process.wait(timeout=30)
+        self._reader.join(timeout=30)
 
     def assert_healthy(self, *, under: float = 0.1, at_least: int = 5) -> None:
         assert not self.errors, self.errors[:5]
@@ -170,13 +180,18 @@ def wait_for(condition: Callable[[], bool], *, timeout: float, interval: float =
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
-    """Has the server closed this socket (EOF or reset)? Never blocks."""
+    """Has the server closed this socket (EOF or reset)? Never blocks (a socket with a timeout
+    would otherwise wait it out first)."""
+    timeout = sock.gettimeout()
+    sock.settimeout(0)
     try:
-        return sock.recv(65536, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+        return sock.recv(1, socket.MSG_PEEK) == b""
     except BlockingIOError:
         return False
     except OSError:
         return True
+    finally:
+        sock.settimeout(timeout)
 
 
 def open_fds(pid: int) -> list[str]:

@@ -63,6 +63,7 @@ def test_sockets_that_never_finish_their_headers_are_closed_after_the_deadline(l
         s.sendall(b"GET /health HTTP/1.1\r\nHost: ors\r\n")
     started = time.monotonic()
     with HealthProbe(proc) as probe:
+        probe.wait_answers(20)
         # A slowloris keeps sending header lines, a byte at a time, and never ends them.
         def all_closed() -> bool:
             for s in slow:
@@ -101,6 +102,7 @@ def test_an_idle_socket_flood_past_the_cap_sheds_idle_sockets_and_health_keeps_a
         for _ in range(6):
             socks += connect_many(proc, 100)
             assert health_once(proc)[0] == 200
+        probe.wait_answers(20)
         # The server keeps at most `cap` of them (the oldest went first).
         assert wait_for(lambda: sum(not closed_by_peer(s) for s in socks) <= cap, timeout=30)
         # Oldest first: every socket still open is newer than every one that was shed (the
@@ -125,7 +127,8 @@ def test_a_connection_in_use_is_not_shed_for_a_newcomer(launch, owner):
     idle = connect_many(proc, 60)
     with HealthProbe(proc) as probe:
         assert wait_for(lambda: sum(not closed_by_peer(s) for s in idle) < 20, timeout=30)
-    probe.assert_healthy(at_least=1)
+        probe.wait_answers(5)
+    probe.assert_healthy(at_least=5)
     assert not closed_by_peer(busy), proc.log()
     busy.sendall(b"x" * 98)
     assert busy.recv(100).startswith(b"HTTP/1.1 ")
@@ -142,6 +145,7 @@ def test_the_open_files_limit_is_raised_and_a_flood_past_it_leaves_health_answer
     with HealthProbe(proc) as probe:
         for _ in range(12):
             socks += connect_many(proc, 100)
+        probe.wait_answers(20)
         assert wait_for(lambda: sum(not closed_by_peer(s) for s in socks) <= 1024 - 256, timeout=30)
     probe.assert_healthy()
     close_all(socks)

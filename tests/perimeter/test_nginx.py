@@ -46,6 +46,7 @@ def test_nginx_closes_sockets_that_never_finish_their_headers(stack):
     for s in slow:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: ors\r\n")
     with HealthProbe(proxy) as probe:
+        probe.wait_answers(20)
         assert wait_for(lambda: all(closed_by_peer(s) for s in silent + slow), timeout=30, interval=0.2)
     probe.assert_healthy()
     for s in silent + slow:
