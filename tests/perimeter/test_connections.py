@@ -145,6 +145,7 @@ def test_the_open_files_limit_is_raised_and_a_flood_past_it_leaves_health_answer
     with HealthProbe(proc) as probe:
         for _ in range(12):
             socks += connect_many(proc, 100)
+            assert health_once(proc)[0] == 200
         probe.wait_answers(20)
         assert wait_for(lambda: sum(not closed_by_peer(s) for s in socks) <= 1024 - 256, timeout=30)
     probe.assert_healthy()
