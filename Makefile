@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 STAMP := $(VENV)/.installed
 
 .PHONY: run test install migrate publish devkey bench bench-postgres bench-executors worker runner lint clean up down \
-	sandbox-deps browser-deps
+	sandbox-deps browser-deps proxy-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,12 +18,16 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Debian packages beyond the virtualenv, installed only when missing (bin/system-deps): bubblewrap
-# for the tenant sandbox, and Debian's chromium with its driver for the browser tests.
+# for the tenant sandbox, Debian's chromium with its driver for the browser tests, and nginx for the
+# perimeter's proxy tests (docker/nginx).
 sandbox-deps:
 	@bin/system-deps sandbox
 
 browser-deps:
 	@bin/system-deps browser
+
+proxy-deps:
+	@bin/system-deps proxy
 
 migrate: install
 	mkdir -p var
@@ -35,11 +39,13 @@ publish: migrate
 devkey: publish
 	@$(PY) manage.py dev_key
 
+# The perimeter's protocol: httptools with a header deadline and a connection cap (docs/perimeter.md).
 run: sandbox-deps publish devkey
 	$(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
-		--loop uvloop --http httptools --no-access-log --timeout-graceful-shutdown 5
+		--loop uvloop --http orsplatform.perimeter.connections:PerimeterHttpToolsProtocol \
+		--no-access-log --timeout-graceful-shutdown 5
 
-test: install sandbox-deps browser-deps
+test: install sandbox-deps browser-deps proxy-deps
 	$(PY) -m pytest
 
 bench: install sandbox-deps

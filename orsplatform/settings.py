@@ -205,6 +205,15 @@ ORS_RESULT_TTL_SECONDS = env_float("ORS_RESULT_TTL_SECONDS", 3600.0)  # runners'
 # A running call whose gateway has not recorded it after this long is recorded by the sweeper.
 ORS_ORPHAN_AFTER_SECONDS = env_float("ORS_ORPHAN_AFTER_SECONDS", 30.0)
 ORS_MAX_BODY_BYTES = env_int("ORS_MAX_BODY_BYTES", 10 * 1024 * 1024)
+# The perimeter (orsplatform/perimeter/, docs/perimeter.md). A request's headers must arrive within
+# the header timeout; a process keeps at most ORS_MAX_CONNECTIONS client connections, never closer
+# than ORS_FD_HEADROOM to its open-files limit, shedding idle ones first. Django paths take bodies of
+# at most ORS_MAX_REQUEST_BYTES (counted as received, below FILE_UPLOAD_MAX_MEMORY_SIZE so nothing
+# is spooled to disk); only a signed-in member's or a team key's upload routes take the upload limits.
+ORS_HEADER_TIMEOUT_SECONDS = env_float("ORS_HEADER_TIMEOUT_SECONDS", 10.0)
+ORS_MAX_CONNECTIONS = env_int("ORS_MAX_CONNECTIONS", 32768)
+ORS_FD_HEADROOM = env_int("ORS_FD_HEADROOM", 256)
+ORS_MAX_REQUEST_BYTES = env_int("ORS_MAX_REQUEST_BYTES", 1024 * 1024)
 # On PostgreSQL the hot path's writes run on the event loop (psycopg async), not on a DB thread.
 ORS_PG_ASYNC_WRITES = env_bool("ORS_PG_ASYNC_WRITES", True)
 ORS_MAX_HEADER_BYTES = env_int("ORS_MAX_HEADER_BYTES", 16 * 1024)
