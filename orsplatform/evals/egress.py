@@ -41,6 +41,9 @@ DEFAULT_PORTS = frozenset({80, 443})
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
 _IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
+# Special-purpose space that this Python's is_global does not (all) exclude: IETF protocol
+# assignments (192.0.0.0/24 beyond its /29) and the IPv6 discard prefix.
+_NOT_PUBLIC = (ipaddress.ip_network("192.0.0.0/24"), ipaddress.ip_network("100::/64"))
 
 
 class EgressRefused(Exception):
@@ -155,7 +158,8 @@ def is_public(address: IPAddress) -> bool:
     # is_global alone lets multicast through (and, on this Python, some reserved IPv6 space).
     return address.is_global and not (
         address.is_multicast or address.is_reserved or address.is_unspecified or address.is_loopback
-        or address.is_link_local or address.is_private or getattr(address, "is_site_local", False))
+        or address.is_link_local or address.is_private or getattr(address, "is_site_local", False)
+        or any(address.version == n.version and address in n for n in _NOT_PUBLIC))
 
 
 def refusal(host: str, port: int, address: IPAddress, allowed: tuple[str, ...]) -> str:
