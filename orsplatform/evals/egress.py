@@ -358,18 +358,25 @@ def _pool_options(limits: httpx.Limits, ssl_context: ssl.SSLContext) -> dict[str
             "keepalive_expiry": limits.keepalive_expiry}
 
 
+@lru_cache(maxsize=1)
+def _ssl_context() -> ssl.SSLContext:
+    # Loading the CA bundle costs tens of milliseconds of CPU (with the GIL held); one context,
+    # shared (it is thread-safe), spares every /meta fetch that cost.
+    return httpx.create_ssl_context(trust_env=False)
+
+
 def transport(limits: httpx.Limits = httpx.Limits(max_connections=4)) -> httpx.HTTPTransport:
     """An httpx transport whose connections go only where the policy admits. (httpx takes no
     network backend, so the pool it builds is replaced by one that has ours.) Use it with
     `trust_env=False` on the client too: a proxy from the environment would connect elsewhere."""
-    context = httpx.create_ssl_context(trust_env=False)
+    context = _ssl_context()
     guarded = httpx.HTTPTransport(verify=context, trust_env=False)
     guarded._pool = httpcore.ConnectionPool(**_pool_options(limits, context), network_backend=GuardedBackend())
     return guarded
 
 
 def async_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
-    context = httpx.create_ssl_context(trust_env=False)
+    context = _ssl_context()
     guarded = httpx.AsyncHTTPTransport(verify=context, trust_env=False)
     guarded._pool = httpcore.AsyncConnectionPool(**_pool_options(limits, context),
                                                  network_backend=AsyncGuardedBackend())
