@@ -2,8 +2,11 @@
 spec/aap-v1-wire.md): /meta discovery, PUT /session, POST /session/:id, DELETE /session/:id, in the
 three response modes (JSON for "none", SSE for "message" and "delta").
 
-No Python implementation of AAP exists; this one is httpx for HTTP and httpx-sse for the event
-stream. Every way an agent can misbehave ends as an ``AapError`` whose text is the episode's reason.
+No Python implementation of AAP exists; this one is httpx for HTTP (over the egress policy's
+transport, evals/egress.py) and a bounded SSE reader of its own: httpx-sse reads a line whole
+however long it grows. Replies are read within byte caps and calls within deadlines
+(docs/agent-egress.md). Every way an agent can misbehave ends as an ``AapError`` whose text is the
+episode's reason.
 """
 
 from __future__ import annotations
@@ -50,15 +53,22 @@ def check_url(url: str) -> None:
     ORS_EVAL_AGENT_ALLOWED_HOSTS (host or IP range, and port), or, without an allow-list, any host
     with a non-public address. A clear early answer at registration and when a run starts; every
     connection is judged again on the address it is opened to."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # "http://[::1"
+        host = None
+    if host is None or parts.scheme not in ("http", "https"):
         raise UrlNotAllowed("The agent URL must be an http:// or https:// URL with a host.")
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port
     except ValueError:
-        raise UrlNotAllowed("The agent URL has a port that is not a number from 1 to 65535.") from None
+        port = 0
+    port = (443 if parts.scheme == "https" else 80) if port is None else port
+    if not 0 < port < 65536:
+        raise UrlNotAllowed("The agent URL has a port that is not a number from 1 to 65535.")
     try:
-        egress.admit(parts.hostname, port, settings.ORS_EVAL_AGENT_ALLOWED_HOSTS)
+        egress.admit(host, port, settings.ORS_EVAL_AGENT_ALLOWED_HOSTS)
     except egress.EgressRefused as exc:
         raise UrlNotAllowed(str(exc)) from None
 
@@ -231,7 +241,7 @@ def fetch_meta(url: str, api_key: str, agent: str) -> dict[str, Any]:
         if time.monotonic() >= end - 0.05:
             raise AapError(f"GET /meta did not finish within {seconds:g} s (ORS_EVAL_META_TIMEOUT_SECONDS).") from None
         raise AapError(f"GET /meta failed: {type(exc).__name__}: {exc}") from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise AapError(f"GET /meta failed: {type(exc).__name__}: {_brief(str(exc))}") from None
     try:
         meta = json.loads(body)
@@ -354,7 +364,7 @@ class AapClient:
                 async with self.http.stream("DELETE", _endpoint(self.url, f"/session/{session_id}"),
                                             headers={**self.headers, **IDENTITY}):
                     pass
-        except (httpx.HTTPError, TimeoutError, egress.EgressRefused):
+        except (httpx.HTTPError, httpx.InvalidURL, TimeoutError, egress.EgressRefused):
             pass
 
     async def _turn(self, method: str, path: str, body: dict,
@@ -379,7 +389,7 @@ class AapClient:
             raise UrlNotAllowed(str(exc)) from None
         except httpx.TimeoutException as exc:
             raise AapError(f"Agent timed out ({type(exc).__name__}).") from None
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise AapError(f"Agent unreachable: {type(exc).__name__}: {_brief(str(exc))}") from None
 
     def _json_turn(self, raw: bytes, on_session: Callable[[str], None] | None = None) -> Turn:

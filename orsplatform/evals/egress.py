@@ -55,7 +55,7 @@ class EgressRefused(Exception):
 def system_resolve(host: str, port: int) -> list[str]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a label IDNA cannot encode ("a..b", 64+ chars)
         raise EgressRefused(f"The agent's host {host!r} does not resolve ({exc}).") from None
     return list(dict.fromkeys(info[4][0] for info in infos))
 
@@ -192,6 +192,8 @@ def admit(host: str, port: int, allowed: Iterable[str]) -> list[IPAddress]:
     `port`; else raise EgressRefused. (One refused address refuses the host: a name that resolves
     partly inward is not an agent's.)"""
     allowed = tuple(allowed)
+    if not 0 < port < 65536:
+        raise EgressRefused(f"The agent's port {port} is not a port to connect to.")
     host = host.lower().rstrip(".")
     literal = _literal(host)
     if literal is not None:

@@ -192,3 +192,10 @@ def test_the_transport_itself_never_opens_a_refused_connection(settings, listene
             with pytest.raises(egress.EgressRefused):
                 client.get(url)
     assert listener.accepted == 0
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://" + "a" * 100 + ".com/", "http://a..b/", "http://127.0.0.1:0/",
+                                 "http://127.0.0.1:99999/", "http://0x7f000001/", "http://2130706433/", "http://127.1/"])
+def test_malformed_or_disguised_agent_urls_are_a_400_never_a_500(owner, agents, url):
+    r = api(owner).post("/api/v1/agents", {"name": "m", "agent": "solver", "url": url}, format="json")
+    assert r.status_code == 400 and r.json()["detail"], (url, r.content)
