@@ -94,7 +94,9 @@ def main() -> None:
     # them); with SQLite everything is throwaway.
     workdir = ROOT / "var" / "evals-bench" if args.database_url else Path(tempfile.mkdtemp(prefix="evals-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "ORS_VAR_DIR": str(workdir), "ORS_EVAL_AGENT_ALLOWED_HOSTS": "127.0.0.1/32",
+    port = free_port()
+    # An allow-list entry admits one port (without one, 80 and 443 only): the agent's.
+    env = {**os.environ, "ORS_VAR_DIR": str(workdir), "ORS_EVAL_AGENT_ALLOWED_HOSTS": f"127.0.0.1:{port}",
            "ORS_LOG_LEVEL": "WARNING", "DJANGO_SETTINGS_MODULE": "orsplatform.settings"}
     for name in ("REDIS_URL", "CELERY_BROKER_URL", "CELERY_TASK_ALWAYS_EAGER", "ORS_EXECUTOR"):
         env.pop(name, None)  # the embedded default: eager Celery, inline executor
@@ -102,7 +104,6 @@ def main() -> None:
         env["DATABASE_URL"] = args.database_url
     else:
         env.pop("DATABASE_URL", None)
-    port = free_port()
     agent = subprocess.Popen([PY, str(ROOT / "tests" / "evals" / "aap_agent.py"), "--port", str(port)], cwd=ROOT,
                              stdout=(workdir / "agent.log").open("w"), stderr=subprocess.STDOUT)
     try:

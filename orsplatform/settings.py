@@ -311,12 +311,22 @@ ORS_PYENV_GRACE_SECONDS = env_float("ORS_PYENV_GRACE_SECONDS", 3600.0)
 # Key material for agents' API keys and runs' secrets at rest (Fernet); set it in production so that
 # rotating SECRET_KEY does not make stored agent keys unreadable.
 ORS_AGENT_KEY_SECRET = os.environ.get("ORS_AGENT_KEY_SECRET", SECRET_KEY)
-# Agent URLs are team-supplied, so the platform fetching them is an SSRF surface. Comma-separated
-# hostnames and IP ranges (CIDR) agents may live at; empty: any host whose every address is public
-# (loopback, private, link-local and reserved ranges refused).
+# Agent URLs are team-supplied, so the platform fetching them is an SSRF surface (docs/agent-egress.md).
+# Comma-separated entries agents may live at: host, host:port, IP, IP:port, [v6]:port, CIDR, CIDR:port;
+# an entry without a port admits ports 80 and 443 only. Empty: any host whose every address is public.
+# Judged on the address each connection is opened to; IPv6 forms that embed an IPv4 address (mapped,
+# NAT64, 6to4, Teredo) are always refused.
 ORS_EVAL_AGENT_ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ORS_EVAL_AGENT_ALLOWED_HOSTS", "").split(",")
                                 if h.strip()]
 ORS_EVAL_CONNECT_TIMEOUT_SECONDS = env_float("ORS_EVAL_CONNECT_TIMEOUT_SECONDS", 10.0)
+# The whole of GET /meta (registration, "Ping /meta"), however slowly the agent answers: it runs in a
+# web request's thread, which a trickling agent must not hold.
+ORS_EVAL_META_TIMEOUT_SECONDS = env_float("ORS_EVAL_META_TIMEOUT_SECONDS", 10.0)
+# What the platform reads of an agent's replies; past a cap it stops reading and the call fails.
+ORS_EVAL_MAX_META_BYTES = env_int("ORS_EVAL_MAX_META_BYTES", 1 << 20)
+ORS_EVAL_MAX_TURN_BYTES = env_int("ORS_EVAL_MAX_TURN_BYTES", 16 << 20)  # one turn's reply (JSON or stream)
+ORS_EVAL_MAX_SSE_LINE_BYTES = env_int("ORS_EVAL_MAX_SSE_LINE_BYTES", 4 << 20)
+ORS_EVAL_MAX_EVENT_BYTES = env_int("ORS_EVAL_MAX_EVENT_BYTES", 4 << 20)  # one event, all its lines
 # Longest silence on an agent's response (between bytes of a stream) before the turn fails.
 ORS_EVAL_READ_TIMEOUT_SECONDS = env_float("ORS_EVAL_READ_TIMEOUT_SECONDS", 120.0)
 # Longest turn, whatever the agent sends meanwhile (a stream that never ends).

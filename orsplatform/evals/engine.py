@@ -28,7 +28,7 @@ import httpx
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from orsplatform.evals import crypto, services
+from orsplatform.evals import crypto, egress, services
 from orsplatform.evals.aap import (
     AapClient,
     AapError,
@@ -171,12 +171,14 @@ class Engine:
 
             self.gateway = EpisodeGateway()
             self.gateway.ensure_background()
+            # Connections open only to addresses the egress policy admits, judged when they are
+            # opened; no proxy from the environment (it would connect on the platform's behalf).
             self.http = httpx.AsyncClient(
+                transport=egress.async_transport(httpx.Limits(max_connections=None, max_keepalive_connections=256)),
                 timeout=httpx.Timeout(connect=settings.ORS_EVAL_CONNECT_TIMEOUT_SECONDS,
                                       read=settings.ORS_EVAL_READ_TIMEOUT_SECONDS,
                                       write=settings.ORS_EVAL_CONNECT_TIMEOUT_SECONDS, pool=None),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-                follow_redirects=False)
+                follow_redirects=False, trust_env=False)
 
     async def drive(self, run_id: int, *, sealed_secrets: str = "", after: Future | None = None) -> None:
         self._start()

@@ -85,7 +85,7 @@ def _engine_idle_after_each_test(live_db):
 @pytest.fixture
 def agents(agent_server, settings):
     # Tests reach the agent on loopback; production refuses non-public hosts unless allowed.
-    settings.ORS_EVAL_AGENT_ALLOWED_HOSTS = ["127.0.0.1/32"]
+    settings.ORS_EVAL_AGENT_ALLOWED_HOSTS = [agent_server.url.removeprefix("http://")]  # 127.0.0.1:PORT
     agent_server.reset()
     return agent_server
 

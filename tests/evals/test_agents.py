@@ -30,8 +30,10 @@ def test_the_api_key_is_stored_encrypted_and_never_returned(owner, agents):
         assert AGENT_KEY not in api(owner).get(url).content.decode()
 
 
-def test_an_unreachable_meta_is_a_clear_400(owner, agents):
-    status, body = _post(owner, url=f"http://127.0.0.1:{free_port()}")
+def test_an_unreachable_meta_is_a_clear_400(owner, agents, settings):
+    port = free_port()
+    settings.ORS_EVAL_AGENT_ALLOWED_HOSTS = [f"127.0.0.1:{port}"]
+    status, body = _post(owner, url=f"http://127.0.0.1:{port}")
     assert status == 400 and body["detail"].startswith("GET /meta failed: ConnectError")
 
 

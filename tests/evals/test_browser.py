@@ -39,7 +39,7 @@ def test_a_user_launches_a_run_watches_it_and_reads_the_leaderboard(owner, agent
     user = get_user_model().objects.get(username=owner.username)
     user.set_password(PASSWORD)
     user.save()
-    site = server_factory(ORS_EVAL_AGENT_ALLOWED_HOSTS="127.0.0.1/32")
+    site = server_factory(ORS_EVAL_AGENT_ALLOWED_HOSTS=agents.url.removeprefix("http://"))
 
     browser.get(f"{site.url}/accounts/login/?next=/aap/")
     browser.find_element(By.ID, "id_username").send_keys(owner.username)

@@ -24,8 +24,9 @@ pytestmark = pytest.mark.e2e
 
 
 class Workers:
-    def __init__(self, tmp) -> None:
+    def __init__(self, tmp, agent_address: str) -> None:
         self.tmp = tmp
+        self.agent_address = agent_address  # 127.0.0.1:PORT, the one place the workers may reach
         self.queue = f"evals-test-{uuid.uuid4().hex[:8]}"
         self.processes: list[subprocess.Popen] = []
         self.client = Celery(broker=REDIS)
@@ -34,7 +35,7 @@ class Workers:
         environ = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "orsplatform.settings",
                    "CELERY_BROKER_URL": REDIS, "CELERY_TASK_ALWAYS_EAGER": "false",
                    "CELERY_TASK_DEFAULT_QUEUE": self.queue, "ORS_EVAL_LEASE_SECONDS": "2",
-                   "ORS_EVAL_AGENT_ALLOWED_HOSTS": "127.0.0.1/32", "ORS_REDIS_PREFIX": self.queue}
+                   "ORS_EVAL_AGENT_ALLOWED_HOSTS": self.agent_address, "ORS_REDIS_PREFIX": self.queue}
         environ.pop("REDIS_URL", None)  # in-process limits: the worker's own gateway
         log = (self.tmp / f"{name}.log").open("a")
         process = subprocess.Popen(
@@ -57,8 +58,8 @@ class Workers:
 
 
 @pytest.fixture
-def workers(tmp_path):
-    w = Workers(tmp_path)
+def workers(tmp_path, agents):
+    w = Workers(tmp_path, agents.url.removeprefix("http://"))
     yield w
     w.stop()
 
