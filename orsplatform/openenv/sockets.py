@@ -1,5 +1,5 @@
 """The open OpenEnv sockets of this process, by API key: a key's cap on open sockets, and the keys of
-open sockets looked up again every ORS_AUTH_CACHE_SECONDS.
+open sockets looked up again twice every ORS_AUTH_CACHE_SECONDS.
 
 A socket is authorized once, when it opens, and may stay open for hours; a key revoked (or expired)
 meanwhile must not keep stepping on it. Rather than a timer per socket, one task looks up each key
@@ -74,7 +74,9 @@ class OpenSockets:
 
     async def _watch(self) -> None:
         while self._tokens:
-            await asyncio.sleep(settings.ORS_AUTH_CACHE_SECONDS)
+            # Twice per cache time: a revocation closes the sockets within the cache time, as
+            # it refuses requests within it.
+            await asyncio.sleep(settings.ORS_AUTH_CACHE_SECONDS / 2)
             try:
                 await self.recheck()
             except Exception:

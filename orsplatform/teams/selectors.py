@@ -32,6 +32,10 @@ def team_for_user(*, user, slug: str) -> tuple[Team, str]:
     return team, membership.role
 
 
+def team_ids_for_user(*, user) -> list[int]:
+    return list(Membership.objects.filter(user=user).values_list("team_id", flat=True))
+
+
 def can_manage(*, user, role: str) -> bool:
     return user.is_superuser or role in MANAGER_ROLES
 
