@@ -141,8 +141,9 @@ async def test_creating_an_mcp_session_looks_at_as_few_others_with_5000_open_as_
         CountingRegistry.looked_at = 0
         for _ in range(creates):
             episodes.mcp_open(caller, env)
+        looked_at = CountingRegistry.looked_at
         episodes.mcp_sessions = OrderedDict(episodes.mcp_sessions)
-        return CountingRegistry.looked_at
+        return looked_at
 
     small, large = cost_of_creates(100), cost_of_creates(5000)
     assert small == large <= 20 * SWEEP_STEP
