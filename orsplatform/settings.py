@@ -268,6 +268,16 @@ ORS_ANONYMOUS_CATALOG = env_bool("ORS_ANONYMOUS_CATALOG", True)
 ORS_ANONYMOUS_SESSIONS = env_bool("ORS_ANONYMOUS_SESSIONS", False)
 # Seconds a verified API key is trusted from the in-process cache before it is looked up again.
 ORS_AUTH_CACHE_SECONDS = env_float("ORS_AUTH_CACHE_SECONDS", 2.0)
+# --- Authorization caps (docs/authorization.md) -------------------------------------------------------
+# Open OpenEnv sockets are also re-checked every ORS_AUTH_CACHE_SECONDS: a revoked key's close (4401).
+# Per API key and gateway process (anonymous callers share one count): open OpenEnv sockets (idle
+# ones included) and MCP sessions; past them a new one is refused (CAPACITY_REACHED, 4429).
+ORS_OPENENV_MAX_SOCKETS_PER_KEY = env_int("ORS_OPENENV_MAX_SOCKETS_PER_KEY", 16384)
+ORS_OPENENV_MAX_MCP_SESSIONS_PER_KEY = env_int("ORS_OPENENV_MAX_MCP_SESSIONS_PER_KEY", 16384)
+# The hub's "Render prompt" runs tenant code in a sandbox child: concurrent renders per signed-in
+# user and per team of the user (shared through Redis when REDIS_URL is set); past them 429.
+ORS_PROMPT_RENDERS_PER_USER = env_int("ORS_PROMPT_RENDERS_PER_USER", 2)
+ORS_PROMPT_RENDERS_PER_TEAM = env_int("ORS_PROMPT_RENDERS_PER_TEAM", 4)
 ORS_CATALOG_CACHE_SECONDS = env_float("ORS_CATALOG_CACHE_SECONDS", 2.0)
 ORS_PACKAGE_DIR = Path(os.environ.get("ORS_PACKAGE_DIR", VAR_DIR / "packages"))
 ORS_ENVS_DIR = Path(os.environ.get("ORS_ENVS_DIR", BASE_DIR / "envs"))

@@ -1,6 +1,10 @@
 """REST API for evaluations: AAP agents a team registered, evaluation runs over an environment's
 tasks (launch, progress, cancel, resume) and leaderboards. Every endpoint serves the calling key's
-team only; another team's agent or run answers 404, as a missing one does."""
+team only; another team's agent or run answers 404, as a missing one does.
+
+Scopes: reading, launching, cancelling, resuming and pinging need `sessions`; registering and
+removing agents (the team's configuration, owners' and admins' on the web) need `manage`. A key
+bound to one environment launches and resumes runs on that environment only (403)."""
 
 from __future__ import annotations
 
@@ -9,15 +13,16 @@ from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from orsplatform.api.auth import TeamAccess, caller_of
-from orsplatform.catalog.selectors import environment_get_visible
+from orsplatform.api.auth import TeamAccess, authorize_request, caller_of
+from orsplatform.catalog.selectors import environment_get_visible, environment_resolve
 from orsplatform.evals import selectors, services
 from orsplatform.evals.aap import STREAM_MODES
 from orsplatform.evals.models import Agent, EvalRun
+from orsplatform.teams.auth import Access, AccessDenied, admit_environment
 from orsplatform.teams.models import Team
 
 
@@ -27,6 +32,14 @@ def _team(request) -> Team:
 
 def _bad(exc: DjangoValidationError) -> ValidationError:
     return ValidationError({"detail": " ".join(exc.messages)})
+
+
+def _bound_to(request, environment_id: int, name: str) -> None:
+    """403 when the calling key is bound to another environment than the run's."""
+    try:
+        admit_environment(caller_of(request), environment_id, name)
+    except AccessDenied as exc:
+        raise PermissionDenied(str(exc)) from None
 
 
 def agent_json(agent: Agent) -> dict:
@@ -59,6 +72,7 @@ class AgentListView(APIView):
 
     @extend_schema(operation_id="agents_create", request=AgentIn, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):
+        authorize_request(request, Access.MANAGE)
         data = AgentIn(data=request.data)
         data.is_valid(raise_exception=True)
         try:
@@ -84,6 +98,7 @@ class AgentDetailView(APIView):
 
     @extend_schema(operation_id="agents_delete", responses={204: None})
     def delete(self, request, agent_id: int):
+        authorize_request(request, Access.MANAGE)
         services.agent_remove(agent=_agent(request, agent_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -138,6 +153,11 @@ class RunListView(APIView):
         agent = selectors.agent_of_team(team=team, agent_id=fields.pop("agent"))
         if agent is None:
             raise ValidationError({"detail": "No such agent."})
+        caller = caller_of(request)
+        if caller.environment_id is not None:
+            env = environment_resolve(caller=caller, ref=fields["environment"])
+            if env is not None:
+                _bound_to(request, env.environment_id, env.full_name)
         try:
             run = services.eval_run_launch(team=team, agent=agent, **fields)
         except DjangoValidationError as exc:
@@ -190,8 +210,10 @@ class RunResumeView(APIView):
     def post(self, request, run_id: int):
         data = ResumeIn(data=request.data or {})
         data.is_valid(raise_exception=True)
+        run = _run(request, run_id)
+        _bound_to(request, run.environment_id, f"run {run.id}'s environment")
         try:
-            run = services.eval_run_resume(run=_run(request, run_id), secrets=data.validated_data.get("secrets"))
+            run = services.eval_run_resume(run=run, secrets=data.validated_data.get("secrets"))
         except DjangoValidationError as exc:
             raise _bad(exc) from None
         return Response(run_json(_run(request, run.id)))

@@ -1,5 +1,9 @@
 """Evaluation pages: a team's runs, its agents (add, ping /meta, remove), a run page with live
-progress, and leaderboards. Thin: parse, call services and selectors, render."""
+progress, and leaderboards. Thin: parse, call services and selectors, render.
+
+Roles (teams/selectors.py): viewers only look; members also launch, cancel and resume runs and ping
+agents; owners and admins also add and remove agents. A refused action answers 403, and the page
+leaves out the buttons its reader may not use."""
 
 from __future__ import annotations
 
@@ -16,14 +20,22 @@ from orsplatform.evals import selectors, services
 from orsplatform.evals.forms import AgentForm, RunForm
 from orsplatform.evals.models import EvalRun
 from orsplatform.teams.models import Team
-from orsplatform.teams.selectors import can_manage, team_for_user, teams_for_user
+from orsplatform.teams.selectors import can_act, can_manage, team_for_user, teams_for_user
 
 
-def _team(request: HttpRequest, slug: str, *, manage: bool = False) -> Team:
+def _team(request: HttpRequest, slug: str, *, manage: bool = False, act: bool = False) -> Team:
     team, role = team_for_user(user=request.user, slug=slug)
     if manage and not can_manage(user=request.user, role=role):
         raise PermissionDenied("Only owners and admins manage agents.")
+    if act and not can_act(user=request.user, role=role):
+        raise PermissionDenied("Viewers cannot launch, cancel or resume runs or ping agents.")
     return team
+
+
+def _abilities(request: HttpRequest, team: Team) -> dict[str, bool]:
+    """What the page may offer its reader (the views refuse the rest with 403 anyway)."""
+    _, role = team_for_user(user=request.user, slug=team.slug)
+    return {"can_act": can_act(user=request.user, role=role), "can_manage": can_manage(user=request.user, role=role)}
 
 
 def _run(team: Team, run_id: int) -> EvalRun:
@@ -43,7 +55,7 @@ def index(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def runs(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj = _team(request, team)
+    team_obj = _team(request, team, act=request.method == "POST")
     agents = selectors.agents_of_team(team=team_obj)
     form = RunForm(agents=agents)
     if request.method == "POST":
@@ -61,7 +73,7 @@ def runs(request: HttpRequest, team: str) -> HttpResponse:
                 return redirect("evals:run", team=team_obj.slug, run_id=launched.id)
     rows = [{"run": r, **selectors.run_numbers(run=r)} for r in selectors.runs_of_team(team=team_obj)]
     return render(request, "evals/runs.html", {
-        "team": team_obj, "rows": rows, "form": form, "agents": agents,
+        "team": team_obj, "rows": rows, "form": form, "agents": agents, **_abilities(request, team_obj),
         "boards": selectors.leaderboard_boards(team=team_obj)}, status=400 if form.errors else 200)
 
 
@@ -79,7 +91,7 @@ def agents(request: HttpRequest, team: str) -> HttpResponse:
             else:
                 messages.success(request, f"Agent {agent.name} registered (AAP version 1).")
                 return redirect("evals:agents", team=team_obj.slug)
-    return render(request, "evals/agents.html", {"team": team_obj, "form": form,
+    return render(request, "evals/agents.html", {"team": team_obj, "form": form, **_abilities(request, team_obj),
                                                  "agents": selectors.agents_of_team(team=team_obj)},
                   status=400 if form.errors else 200)
 
@@ -94,7 +106,7 @@ def _agent(team: Team, agent_id: int):
 @login_required
 @require_POST
 def agent_ping_view(request: HttpRequest, team: str, agent_id: int) -> HttpResponse:
-    team_obj = _team(request, team)
+    team_obj = _team(request, team, act=True)
     agent = _agent(team_obj, agent_id)
     try:
         meta = services.agent_ping(agent=agent)
@@ -123,7 +135,7 @@ def run(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
     histogram = charts.histogram(selectors.reward_histogram(run=run_obj), title="Reward per episode",
                                  x_label="Reward", y_label="Episodes (count)")
     return render(request, "evals/run.html", {
-        "team": team_obj, "run": run_obj, "d": detail, "histogram": histogram,
+        "team": team_obj, "run": run_obj, "d": detail, "histogram": histogram, **_abilities(request, team_obj),
         "unscored": detail["total"] - detail["done"],
         "slowest": selectors.slowest_episodes(run=run_obj), "failed": selectors.failed_episodes(run=run_obj)})
 
@@ -136,7 +148,7 @@ def run_progress(request: HttpRequest, team: str, run_id: int) -> JsonResponse:
 @login_required
 @require_POST
 def run_cancel(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
-    team_obj = _team(request, team)
+    team_obj = _team(request, team, act=True)
     try:
         services.eval_run_cancel(run=_run(team_obj, run_id))
     except ValidationError as exc:
@@ -147,7 +159,7 @@ def run_cancel(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def run_resume(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
-    team_obj = _team(request, team)
+    team_obj = _team(request, team, act=True)
     run_obj = _run(team_obj, run_id)
     # The run's secrets were not kept: the resume form asks for each of them again.
     secrets = {name: request.POST.get(f"secret:{name}", "") for name in run_obj.secret_names} or None

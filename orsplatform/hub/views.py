@@ -8,8 +8,9 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -18,7 +19,9 @@ from orsplatform.catalog.models import Environment
 from orsplatform.catalog.selectors import task_text
 from orsplatform.hub import selectors
 from orsplatform.hub.diff import version_diff
+from orsplatform.hub.render_limits import RenderBusy, render_slot
 from orsplatform.hub.services import task_prompt_cached, task_prompt_render
+from orsplatform.teams.selectors import team_ids_for_user
 
 MAX_QUERY = 100
 
@@ -173,14 +176,25 @@ def task(request: HttpRequest, team: str, env: str, split: str, index: int) -> H
 @require_POST
 def task_prompt(request: HttpRequest, team: str, env: str, split: str, index: int) -> HttpResponse:
     """Render the task's prompt with the current version's code (a click, never a page view: it runs
-    tenant code in a child process). Signed-in viewers only, and cached per version and task."""
+    tenant code in a child process). Signed-in viewers only, and cached per version and task. At
+    most ORS_PROMPT_RENDERS_PER_USER (and _PER_TEAM) run at once: past them 429 with {"detail"},
+    or, for a browser, the task page again with the reason as a message."""
     _, environment = _environment(request, team, env)
     split_obj = selectors.split_of(environment=environment, name=split)
     row = selectors.task_of(split=split_obj, index=index) if split_obj else None
     if row is None or environment.current_version is None:
         raise Http404("No such task.")
-    task_prompt_render(version=environment.current_version, spec=row.spec)
-    return redirect(reverse("hub:task", args=[team, env, split, index]) + "#rendered-prompt")
+    page = reverse("hub:task", args=[team, env, split, index])
+    if task_prompt_cached(version=environment.current_version, spec=row.spec) is None:
+        try:
+            with render_slot(user_id=request.user.id, team_ids=team_ids_for_user(user=request.user)):
+                task_prompt_render(version=environment.current_version, spec=row.spec)
+        except RenderBusy as exc:
+            if "text/html" in request.headers.get("Accept", ""):
+                messages.warning(request, exc.detail)
+                return redirect(page)
+            return JsonResponse({"detail": exc.detail}, status=429, headers={"Retry-After": "5"})
+    return redirect(page + "#rendered-prompt")
 
 
 @require_GET

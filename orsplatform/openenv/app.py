@@ -28,6 +28,7 @@ from orsplatform.gateway.gateway import EpisodeGateway
 from orsplatform.openenv import selectors
 from orsplatform.openenv.consumer import OpenEnvConsumer
 from orsplatform.openenv.episodes import NOT_RESET, Episodes, OpenEnvSession, Uninterruptible
+from orsplatform.openenv.sockets import OpenSockets, Revocable
 from orsplatform.openenv.wire import (
     CAPACITY_REACHED,
     CLOSE_FORBIDDEN,
@@ -67,7 +68,7 @@ from orsplatform.openenv.wire import (
     validation_errors,
 )
 from orsplatform.ors.http import HttpError, read_body, send_error, send_json
-from orsplatform.teams.auth import Access, AuthError, Caller, extract_token
+from orsplatform.teams.auth import Access, AccessDenied, AuthError, Caller, admit_environment, extract_token
 
 log = logging.getLogger("orsplatform.openenv")
 
@@ -96,6 +97,7 @@ class OpenEnvFace:
     def __init__(self, *, gateway: EpisodeGateway) -> None:
         self.gateway = gateway
         self.episodes = Episodes(gateway)
+        self.open_sockets = OpenSockets(run=gateway.store.run)
         self.sockets = URLRouter([
             re_path(rf"^openenv/{ENV_PATTERN}/ws/?$", OpenEnvConsumer.as_asgi(face=self)),
             re_path(r"", _refuse_socket),
@@ -167,6 +169,10 @@ class OpenEnvFace:
         if env is None:
             # Another team's private environment answers exactly like one that does not exist.
             raise HttpError(404, f"Environment {ref!r} not found.")
+        try:
+            admit_environment(caller, env.environment_id, env.full_name)  # a bound key: its own only
+        except AccessDenied as exc:
+            raise HttpError(403, str(exc)) from None
         return env
 
     async def health(self, caller: Caller, env: EnvHandle, body: Any, token: str | None) -> Any:
@@ -333,10 +339,12 @@ class OpenEnvFace:
 
     # --- sockets (called by the consumer) --------------------------------------------------------
 
-    async def open_socket_session(self, scope: dict) -> tuple[OpenEnvSession, bool]:
-        """The socket's session and whether the socket owns it (else it is an attached MCP session)."""
+    async def open_socket_session(self, scope: dict, socket: Revocable) -> tuple[OpenEnvSession, bool]:
+        """The socket's session and whether the socket owns it (else it is an attached MCP session).
+        The socket is counted against its key's cap, and closed if the key stops passing."""
         try:
-            caller = await self.gateway.authorize(extract_token(dict(scope["headers"])), Access.SESSIONS)
+            token = extract_token(dict(scope["headers"]))
+            caller = await self.gateway.authorize(token, Access.SESSIONS)
         except AuthError as exc:
             raise OpenEnvError(SESSION_ERROR, str(exc), status=exc.status,
                                close=CLOSE_FORBIDDEN if exc.status == 403 else CLOSE_UNAUTHORIZED) from None
@@ -346,9 +354,14 @@ class OpenEnvFace:
         env = await self.gateway.environment(caller, ref)
         if env is None:
             raise OpenEnvError(SESSION_ERROR, f"Environment {ref!r} not found.", status=404, close=CLOSE_NOT_FOUND)
+        try:
+            admit_environment(caller, env.environment_id, env.full_name)
+        except AccessDenied as exc:
+            raise OpenEnvError(SESSION_ERROR, str(exc), status=403, close=CLOSE_FORBIDDEN) from None
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         session_id = (query.get("session_id") or [None])[0]
         if not session_id:
+            self.open_sockets.add(caller, token, socket)
             return self.episodes.new_session(caller, env), True
         session = self.episodes.mcp_session(caller, env, session_id)
         if session is None:
@@ -356,10 +369,12 @@ class OpenEnvFace:
         if session.attached:
             raise OpenEnvError(SESSION_ERROR, f"Session {session_id} already has an attached WebSocket",
                                close=CLOSE_POLICY)
+        self.open_sockets.add(caller, token, socket)
         session.attached = True
         return session, False
 
-    async def release_socket_session(self, session: OpenEnvSession, *, owns: bool) -> None:
+    async def release_socket_session(self, session: OpenEnvSession, *, owns: bool, socket: Revocable) -> None:
+        self.open_sockets.remove(socket)
         if owns:
             await self.episodes.close(session)
             return

@@ -19,7 +19,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 
 from orsplatform.openenv.episodes import OpenEnvSession, Uninterruptible
-from orsplatform.openenv.wire import CLOSE_POLICY, OpenEnvError, dumps, error_frame
+from orsplatform.openenv.wire import CLOSE_POLICY, SESSION_ERROR, OpenEnvError, dumps, error_frame
 
 log = logging.getLogger("orsplatform.openenv")
 
@@ -31,11 +31,11 @@ class SocketFace(Protocol):
     """What the consumer asks of the face that routes to it (app.py's OpenEnvFace): declared here,
     so that the consumer never imports the module that imports it."""
 
-    async def open_socket_session(self, scope: dict) -> tuple[Any, bool]: ...
+    async def open_socket_session(self, scope: dict, socket: Any) -> tuple[Any, bool]: ...
 
     async def socket_frame(self, session: Any, raw: Any, guard: Any) -> tuple[Any, Any]: ...
 
-    async def release_socket_session(self, session: Any, *, owns: bool) -> None: ...
+    async def release_socket_session(self, session: Any, *, owns: bool, socket: Any) -> None: ...
 
 
 class OpenEnvConsumer(AsyncWebsocketConsumer):
@@ -47,6 +47,7 @@ class OpenEnvConsumer(AsyncWebsocketConsumer):
         self.queue: asyncio.Queue[str | bytes] = asyncio.Queue()
         self.worker: asyncio.Task | None = None
         self.guard = Uninterruptible()
+        self.revoked = False  # its key no longer passes: closing, frames are dropped
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if get_channel_layer(self.channel_layer_alias) is not None:
@@ -77,7 +78,7 @@ class OpenEnvConsumer(AsyncWebsocketConsumer):
         # raises the frame's message (a refused handshake would only say "HTTP 403").
         await self.accept()
         try:
-            self.session, self.owns = await self.face.open_socket_session(self.scope)
+            self.session, self.owns = await self.face.open_socket_session(self.scope, self)
         except OpenEnvError as exc:
             await self.send(text_data=dumps(exc.frame()))
             await self.close(code=exc.close or CLOSE_POLICY)
@@ -85,7 +86,7 @@ class OpenEnvConsumer(AsyncWebsocketConsumer):
         self.worker = asyncio.create_task(self._work())
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self.worker is None:
+        if self.worker is None or self.revoked:
             return
         if self.queue.qsize() >= MAX_QUEUED:
             await self.send(text_data=dumps(error_frame("Too many requests in flight; send one at a time.",
@@ -98,7 +99,11 @@ class OpenEnvConsumer(AsyncWebsocketConsumer):
         assert self.session is not None
         while True:
             raw = await self.queue.get()
+            if self.revoked:
+                return
             reply, close = await self.face.socket_frame(self.session, raw, self.guard)
+            if self.revoked:  # revoked while the frame ran: the socket is closing, no answer
+                return
             try:
                 if reply is not None:
                     await self.send(text_data=reply)
@@ -110,6 +115,18 @@ class OpenEnvConsumer(AsyncWebsocketConsumer):
                 # send on a closed socket); its disconnect ends the session.
                 log.debug("openenv socket send failed: %s: %s", type(exc).__name__, exc)
                 return
+
+    async def revoke(self, code: int, message: str) -> None:
+        """Close the socket because its key no longer passes (openenv/sockets.py): an error frame
+        saying why, then the close; the disconnect that follows ends the episode as usual."""
+        if self.revoked:
+            return
+        self.revoked = True
+        try:
+            await self.send(text_data=dumps(error_frame(message, SESSION_ERROR)))
+            await self.close(code=code)
+        except Exception as exc:  # the client went away first
+            log.debug("openenv socket close failed: %s: %s", type(exc).__name__, exc)
 
     async def disconnect(self, code: int) -> None:
         if self.worker is not None:
@@ -124,4 +141,4 @@ class OpenEnvConsumer(AsyncWebsocketConsumer):
             except Exception:
                 log.exception("openenv socket worker failed")
         if self.session is not None:
-            await self.face.release_socket_session(self.session, owns=self.owns)
+            await self.face.release_socket_session(self.session, owns=self.owns, socket=self)

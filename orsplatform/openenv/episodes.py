@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,9 @@ log = logging.getLogger("orsplatform.openenv")
 
 PROTOCOL = Session.Protocol.OPENENV
 NOT_RESET = "Call reset() before invoking ORS tools"
+# MCP sessions a create looks at for sweeping: a constant, so a create costs the same with 100 or
+# 20,000 others open (each create adds one and retires up to this many, so the registry keeps pace).
+SWEEP_STEP = 2
 # Setup normally finishes well within one gateway wait; a slow one gets a few more before the
 # reset answers an error (OpenEnv clients wait 60 s per message by default).
 SETUP_WAITS = 2
@@ -105,7 +109,10 @@ class Episodes:
 
     def __init__(self, gateway: EpisodeGateway) -> None:
         self.gateway = gateway
-        self.mcp_sessions: dict[str, OpenEnvSession] = {}
+        # In sweep order (oldest looked-at first): an OrderedDict, whose first entry and
+        # move_to_end are O(1) however many were removed before (a dict's first entry is not).
+        self.mcp_sessions: OrderedDict[str, OpenEnvSession] = OrderedDict()
+        self.mcp_per_key: dict[int | None, int] = {}
 
     def new_session(self, caller: Caller, env: EnvHandle) -> OpenEnvSession:
         return OpenEnvSession(id=str(uuid.uuid4()), caller=caller, env=env)
@@ -113,10 +120,27 @@ class Episodes:
     # --- MCP sessions ---------------------------------------------------------------------------
 
     def mcp_open(self, caller: Caller, env: EnvHandle) -> OpenEnvSession:
+        """A new MCP session, or CAPACITY_REACHED past the key's ORS_OPENENV_MAX_MCP_SESSIONS_PER_KEY."""
         self._sweep()
+        limit = settings.ORS_OPENENV_MAX_MCP_SESSIONS_PER_KEY
+        held = self.mcp_per_key.get(caller.api_key_id, 0)
+        if held >= limit:
+            raise OpenEnvError(CAPACITY_REACHED, f"This API key has {held} MCP sessions open here (limit {limit}); "
+                                                 "close one first.", close=CLOSE_TRY_AGAIN, status=429)
         session = self.new_session(caller, env)
         self.mcp_sessions[session.id] = session
+        self.mcp_per_key[caller.api_key_id] = held + 1
         return session
+
+    def _forget(self, session: OpenEnvSession) -> None:
+        if self.mcp_sessions.pop(session.id, None) is None:
+            return
+        key = session.caller.api_key_id
+        left = self.mcp_per_key.get(key, 1) - 1
+        if left > 0:
+            self.mcp_per_key[key] = left
+        else:
+            self.mcp_per_key.pop(key, None)
 
     def mcp_session(self, caller: Caller, env: EnvHandle, session_id: Any) -> OpenEnvSession | None:
         """The caller's MCP session on this environment (another team's answers as unknown)."""
@@ -127,17 +151,22 @@ class Episodes:
         return session
 
     async def mcp_close(self, session: OpenEnvSession) -> None:
-        self.mcp_sessions.pop(session.id, None)
+        self._forget(session)
         await self.close(session)
 
     def _sweep(self) -> None:
         # MCP sessions whose episode the gateway has ended (idle expiry) and that no socket holds,
-        # or that never reset and were left: forgotten, so the registry stays bounded.
+        # or that never reset and were left: forgotten, so the registry stays bounded. Only the
+        # SWEEP_STEP oldest-looked-at are looked at, then go to the back: the sweep goes round the
+        # registry over successive creates instead of walking all of it on each.
         horizon = time.monotonic() - settings.ORS_IDLE_TIMEOUT_SECONDS
-        for key, session in list(self.mcp_sessions.items()):
+        for _ in range(min(SWEEP_STEP, len(self.mcp_sessions))):
+            session = next(iter(self.mcp_sessions.values()))
             gone = session.live is not None and session.live.deleted and session.live.sid not in self.gateway.sessions
             if not session.attached and (gone or (session.live is None and session.last_used < horizon)):
-                self.mcp_sessions.pop(key, None)
+                self._forget(session)
+            else:
+                self.mcp_sessions.move_to_end(session.id)
 
     # --- messages -------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from django.conf import settings
 from orsplatform.gateway.gateway import EpisodeGateway
 from orsplatform.gateway.live import CallEntry
 from orsplatform.ors.http import SSE_HEADERS, SSE_PING, HttpError, Request, sse_event
+from orsplatform.ors.resolve import admitted_session
 from orsplatform.ors.wire import optional_str, require_sid, require_str
 from orsplatform.teams.auth import Caller
 
@@ -20,7 +21,7 @@ TASK_ID_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 
 
 async def call(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    live = await gw.session(caller, require_sid(req), env_ref)
+    live = admitted_session(caller, await gw.session(caller, require_sid(req), env_ref))
     body = req.json()
     task_id = optional_str(body, "task_id")
     if task_id is not None:

@@ -46,6 +46,9 @@ async def version(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str
 
 
 async def list_environments(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
+    if caller.environment_id is not None:  # a bound key sees the one environment it may use
+        env = await gw.store.environment_by_id(caller, caller.environment_id)
+        return [env.full_name] if env is not None else []
     return await gw.store.environments_visible(caller)
 
 

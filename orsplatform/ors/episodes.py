@@ -6,7 +6,7 @@ from typing import Any
 
 from orsplatform.gateway.gateway import EpisodeGateway
 from orsplatform.ors.http import SSE_HEADERS, HttpError, Request, sse_event
-from orsplatform.ors.resolve import named_environment
+from orsplatform.ors.resolve import admit_sid, admitted_session, default_environment, named_environment
 from orsplatform.ors.wire import (
     env_vars_from_body,
     optional_int,
@@ -58,31 +58,32 @@ async def create(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str 
         await gw.defer_episode(caller, sid=sid, task_spec=task_spec, split=split, index=index, secrets=secrets)
         return {"sid": sid}
     if env is None:
-        env = await gw.default_environment(caller)  # the key's bound environment
-        if env is None:
-            raise HttpError(404, "No environment named and no default environment is available.")
+        env = await default_environment(gw, caller)  # the key's bound environment
     await gw.create_episode(caller, sid=sid, env=env, task_spec=task_spec, split=split, index=index,
                             secrets=secrets)
     return {"sid": sid}
 
 
 async def ping(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    await gw.ping(caller, require_sid(req))
+    sid = require_sid(req)
+    admit_sid(gw, caller, sid)
+    await gw.ping(caller, sid)
     return {"status": "ok"}
 
 
 async def prompt(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    live = await gw.session(caller, require_sid(req), env_ref)
+    live = admitted_session(caller, await gw.session(caller, require_sid(req), env_ref))
     return await gw.prompt(live)
 
 
 async def task_tools(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
-    live = await gw.session(caller, require_sid(req), env_ref)
+    live = admitted_session(caller, await gw.session(caller, require_sid(req), env_ref))
     return {"tools": await gw.tools(live)}
 
 
 async def delete(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
     sid = require_sid(req)
+    admit_sid(gw, caller, sid)
     await gw.end(caller, sid)
     return {"sid": sid}
 

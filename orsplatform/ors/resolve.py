@@ -1,13 +1,40 @@
 """Which environment an ORS request names (DESIGN.md §4), in order: the X-Deployment header, the
 path, the /create body's env_name, a per-environment host name; then, for a caller that names none,
-the key's bound environment and ORS_DEFAULT_ENVIRONMENT."""
+the key's bound environment and ORS_DEFAULT_ENVIRONMENT. A key bound to one environment uses that
+one only: any other it names (or the default it would fall back to) answers 403."""
 
 from __future__ import annotations
 
 from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.gateway.gateway import ENV_REF_RE, EpisodeGateway
+from orsplatform.gateway.live import LiveSession
 from orsplatform.ors.http import HttpError, Request
-from orsplatform.teams.auth import Caller
+from orsplatform.teams.auth import AccessDenied, Caller, admit_environment
+
+
+def admitted(caller: Caller, env: EnvHandle) -> EnvHandle:
+    """`env`, when the caller's key may use it (403 for a key bound to another)."""
+    try:
+        admit_environment(caller, env.environment_id, env.full_name)
+    except AccessDenied as exc:
+        raise HttpError(403, str(exc)) from None
+    return env
+
+
+def admitted_session(caller: Caller, live: LiveSession) -> LiveSession:
+    """A session of the caller's team, when the caller's key may use its environment (403 else)."""
+    admitted(caller, live.env)
+    return live
+
+
+def admit_sid(gw: EpisodeGateway, caller: Caller, sid: str) -> None:
+    """For requests that name a session but need not hold it (ping, delete): 403 for a bound key
+    and a session of another environment held here (memory only; a session this gateway does not
+    hold is the gateway's to answer for)."""
+    if caller.environment_id is not None:
+        live = gw.live(caller, sid)
+        if live is not None:
+            admitted_session(caller, live)
 
 
 def host_env(req: Request) -> str | None:
@@ -29,28 +56,34 @@ async def named_environment(gw: EpisodeGateway, req: Request, caller: Caller, en
         env = await gw.environment(caller, deployment)
         if env is None:
             raise HttpError(404, "Deployment not found.")
-        return env
+        return admitted(caller, env)
     host_ref = host_env(req)
     if not env_ref and not body_env and host_ref and ENV_REF_RE.match(host_ref):
         env = await gw.environment(caller, host_ref)
-        if env is not None:  # a host name that names no environment is just a host name
+        # A host name that names no environment (or none this key may use) is just a host name.
+        if env is not None and caller.may_use(env.environment_id):
             return env
     for ref in (env_ref, body_env):
         if ref:
             env = await gw.environment(caller, ref)
             if env is None:
                 raise HttpError(404, f"Environment {ref!r} not found.")
-            return env
+            return admitted(caller, env)
     return None
+
+
+async def default_environment(gw: EpisodeGateway, caller: Caller) -> EnvHandle:
+    """For a request that names none: the key's bound environment, else ORS_DEFAULT_ENVIRONMENT
+    (never that one for a bound key whose environment is gone: 403)."""
+    env = await gw.default_environment(caller)
+    if env is None:
+        raise HttpError(404, "No environment named and no default environment is available.")
+    return admitted(caller, env)
 
 
 async def environment_for(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None,
                           body_env: str | None = None) -> EnvHandle:
     """The environment a catalog request addresses: the one it names, else the caller's default."""
     env = await named_environment(gw, req, caller, env_ref, body_env)
-    if env is None:
-        env = await gw.default_environment(caller)
-    if env is None:
-        raise HttpError(404, "No environment named and no default environment is available.")
-    return env
+    return env if env is not None else await default_environment(gw, caller)
 

@@ -5,7 +5,9 @@ Keys look like ``ors_<prefix>_<secret>``. The prefix is indexed; the secret is c
 in constant time. Verified keys are cached in-process for a couple of seconds so the hot path
 does not hit the database on every request; ``last_used_at`` is coalesced and flushed in bulk.
 ``authorize`` (and ``authorize_async`` for event loops) is the only place that decides whether a
-request without a key, or with a key lacking a scope, may go on.
+request without a key, or with a key lacking a scope, may go on; ``admit_environment`` decides
+whether a key bound to one environment may use another (never); ``recheck_async`` looks a key up
+again past the cache, for connections that outlive a request (OpenEnv sockets).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ class Access(Enum):
     """What a request needs. OPEN: nothing (health). CATALOG: any key, or none when
     ORS_ANONYMOUS_CATALOG allows it. SESSIONS: a key with the sessions scope, or none when
     ORS_ANONYMOUS_SESSIONS allows it. TEAM (a team's own data: its sessions, audit log, analytics):
-    a key with the sessions scope, never anonymous. PUBLISH: a key with the publish scope. KEY: any
-    valid key of the team, never anonymous (its own ingest jobs)."""
+    a key with the sessions scope, never anonymous. PUBLISH: a key with the publish scope. MANAGE
+    (the team's configuration: registering and removing AAP agents): a key with the manage scope.
+    KEY: any valid key of the team, never anonymous (its own ingest jobs)."""
 
     OPEN = "open"
     KEY = "key"
@@ -56,10 +59,12 @@ class Access(Enum):
     SESSIONS = "sessions"
     TEAM = "team"
     PUBLISH = "publish"
+    MANAGE = "manage"
 
 
 # access -> the scope its key must carry; the setting that lets a request without a key through.
-_SCOPE = {Access.SESSIONS: "sessions", Access.TEAM: "sessions", Access.PUBLISH: "publish"}
+_SCOPE = {Access.SESSIONS: "sessions", Access.TEAM: "sessions", Access.PUBLISH: "publish",
+          Access.MANAGE: "manage"}
 _ANONYMOUS_SETTING = {Access.CATALOG: "ORS_ANONYMOUS_CATALOG", Access.SESSIONS: "ORS_ANONYMOUS_SESSIONS"}
 
 
@@ -82,6 +87,10 @@ class Caller:
 
     def can(self, scope: str) -> bool:
         return scope in self.scopes
+
+    def may_use(self, environment_id: int) -> bool:
+        """A key bound to one environment uses that one only (its catalog, its sessions)."""
+        return self.environment_id is None or self.environment_id == environment_id
 
 
 ANONYMOUS = Caller(team_id=None)
@@ -132,6 +141,9 @@ class KeyCache:
         drained, self._last_used = self._last_used, {}
         return drained
 
+    def forget(self, token: str) -> None:
+        self._entries.pop(token, None)
+
     def clear(self) -> None:
         self._entries.clear()
 
@@ -176,6 +188,13 @@ def admit(caller: Caller | None, access: Access) -> Caller:
     if scope is not None and not caller.can(scope):
         raise AccessDenied(f"This API key lacks the '{scope}' scope.")
     return caller
+
+
+def admit_environment(caller: Caller, environment_id: int, name: str) -> None:
+    """A key bound to one environment may not use another: AccessDenied (403), whatever the other
+    is (builtin/math, the default for clients that name none, included)."""
+    if not caller.may_use(environment_id):
+        raise AccessDenied(f"This API key is bound to one environment; it may not use {name}.")
 
 
 def _cached(token: str) -> Caller | None:
@@ -226,3 +245,15 @@ async def authorize_async(token: str | None, access: Access, run: Callable[..., 
     if access is Access.OPEN:
         return ANONYMOUS
     return admit(await identify_async(token, run) if token is not None else None, access)
+
+
+async def recheck_async(token: str, access: Access, run: Callable[..., Awaitable]) -> Caller:
+    """The key looked up in the database again, past the cache (for a connection opened with it
+    that is still open): its caller, or AuthError / AccessDenied once it was revoked, expired or
+    lost the scope. The cache is refreshed (or the key forgotten), so requests agree with it."""
+    try:
+        caller = _remember(token, await run(verify_token, token))
+    except AuthError:
+        key_cache.forget(token)
+        raise
+    return admit(caller, access)

@@ -45,9 +45,10 @@ class Membership(models.Model):
 
 class ApiKey(models.Model):
     class Scope(models.TextChoices):
-        SESSIONS = "sessions"  # run sessions and read the catalog
-        PUBLISH = "publish"  # publish environments and tasks
-        MANAGE = "manage"  # manage the team
+        # What each grants is enforced by teams.auth.admit; docs/authorization.md has the table.
+        SESSIONS = "sessions", "sessions: run episodes and evaluations, read the team's data"
+        PUBLISH = "publish", "publish: publish environments and tasks"
+        MANAGE = "manage", "manage: register and remove the team's AAP agents"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
@@ -55,7 +56,8 @@ class ApiKey(models.Model):
     # sha256 of the secret part; the secret itself is shown once and never stored.
     secret_hash = models.CharField(max_length=64)
     scopes = models.JSONField(default=list)
-    # A key bound to one environment makes it the default for clients that name none.
+    # A key bound to one environment uses that environment only (and it is the default for clients
+    # that name none); see teams.auth.admit_environment.
     environment = models.ForeignKey(
         "catalog.Environment", null=True, blank=True, on_delete=models.CASCADE, related_name="bound_keys"
     )

@@ -4,7 +4,10 @@ from django.http import Http404
 
 from orsplatform.teams.models import ApiKey, Membership, Team
 
+# Web roles: owners and admins manage the team (keys, agents); members also act (launch, cancel and
+# resume evaluation runs, ping agents); viewers only look.
 MANAGER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN)
+ACTING_ROLES = (*MANAGER_ROLES, Membership.Role.MEMBER)
 
 
 def teams_for_user(*, user) -> list[tuple[Team, str]]:
@@ -29,8 +32,17 @@ def team_for_user(*, user, slug: str) -> tuple[Team, str]:
     return team, membership.role
 
 
+def team_ids_for_user(*, user) -> list[int]:
+    return list(Membership.objects.filter(user=user).values_list("team_id", flat=True))
+
+
 def can_manage(*, user, role: str) -> bool:
     return user.is_superuser or role in MANAGER_ROLES
+
+
+def can_act(*, user, role: str) -> bool:
+    """May the user change things (not only look at them): every role but viewer."""
+    return user.is_superuser or role in ACTING_ROLES
 
 
 def api_keys_for_team(*, team: Team) -> list[ApiKey]:

@@ -38,15 +38,16 @@ def test_each_access_admits_exactly_the_keys_and_anonymous_callers_it_should(set
         Access.SESSIONS: ("401", "team", "403"),
         Access.TEAM: ("401", "team", "403"),
         Access.PUBLISH: ("401", "403", "team"),
+        Access.MANAGE: ("401", "403", "403"),
     }
 
 
 @pytest.mark.django_db
 def test_the_anonymous_settings_open_only_the_catalog_and_sessions(settings):
     settings.ORS_ANONYMOUS_CATALOG, settings.ORS_ANONYMOUS_SESSIONS = False, True
-    assert [outcome(None, a) for a in Access] == ["anonymous", "401", "401", "anonymous", "401", "401"]
+    assert [outcome(None, a) for a in Access] == ["anonymous", "401", "401", "anonymous", "401", "401", "401"]
 
 
 @pytest.mark.django_db
 def test_a_bad_key_is_refused_whatever_the_access_except_open(member):
-    assert [outcome("ors_00000000_" + "0" * 32, a) for a in Access] == ["anonymous", *["401"] * 5]
+    assert [outcome("ors_00000000_" + "0" * 32, a) for a in Access] == ["anonymous", *["401"] * 6]
