@@ -343,14 +343,14 @@ AXES_LOCKOUT_CALLABLE = "orsplatform.lockout.locked_out"  # the login page's fra
 # real one.
 AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 AXES_VERBOSE = False  # its start-up banner; lockouts are still logged
-# One strict policy for every Django page: scripts only from this site or inline with the
-# response's nonce, no plugins, no framing, no <base> hijack, forms post only here. Images may also
+# One strict policy for every Django page: scripts and styles only from this site or inline with the
+# response's nonce (no style attributes), no plugins, no framing, no <base> hijack, forms post only here. Images may also
 # be data: URIs (prompt image blocks) and https: (README images).
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": [SELF],
         "script-src": [SELF, NONCE],
-        "style-src": [SELF],
+        "style-src": [SELF, NONCE],  # the nonce: only Swagger UI's page has an inline <style>
         "img-src": [SELF, "data:", "https:"],
         "connect-src": [SELF],
         "font-src": [SELF],

@@ -8,7 +8,6 @@ import time
 from datetime import timedelta
 
 import httpx
-import pytest
 from axes.models import AccessAttempt
 from django.test import Client
 
