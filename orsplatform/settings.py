@@ -342,7 +342,7 @@ AXES_LOCKOUT_CALLABLE = "orsplatform.lockout.locked_out"  # the login page's fra
 # proxy, start uvicorn with --proxy-headers --forwarded-allow-ips=<proxy> so the ASGI client is the
 # real one.
 AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
-AXES_VERBOSE = False  # its start-up banner; lockouts are still logged
+AXES_VERBOSE = False  # no start-up banner, no user agents in its log lines; lockouts are still logged
 # One strict policy for every Django page: scripts and styles only from this site or inline with the
 # response's nonce (no style attributes), no plugins, no framing, no <base> hijack, forms post only here. Images may also
 # be data: URIs (prompt image blocks) and https: (README images).

@@ -34,12 +34,17 @@ def uvicorn() -> list[str]:
             "--port", str(free_port()), "--log-level", "warning"]
 
 
+def daphne() -> list[str]:
+    return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(free_port()), "orsplatform.asgi:application"]
+
+
 def manage(*args: str) -> list[str]:
     return [sys.executable, "manage.py", *args]
 
 
-def test_a_server_with_a_secret_key_and_no_allowed_hosts_refuses_to_start():
-    output = refused(uvicorn(), SECRET_KEY=REAL_KEY)
+@pytest.mark.parametrize("server", [uvicorn, daphne])
+def test_a_server_with_a_secret_key_and_no_allowed_hosts_refuses_to_start(server):
+    output = refused(server(), SECRET_KEY=REAL_KEY)
     assert "Refusing to start: SECRET_KEY is set but ALLOWED_HOSTS is not" in output
 
 
