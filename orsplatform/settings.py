@@ -103,7 +103,6 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "orsplatform.hub.context.site",
-                "csp.context_processors.nonce",  # CSP_NONCE for the few inline scripts
             ],
         },
     },
@@ -344,8 +343,9 @@ AXES_LOCKOUT_CALLABLE = "orsplatform.lockout.locked_out"  # the login page's fra
 AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 AXES_VERBOSE = False  # no start-up banner, no user agents in its log lines; lockouts are still logged
 # One strict policy for every Django page: scripts and styles only from this site or inline with the
-# response's nonce (no style attributes), no plugins, no framing, no <base> hijack, forms post only here. Images may also
-# be data: URIs (prompt image blocks) and https: (README images).
+# response's nonce (templates write <script nonce="{{ request.csp_nonce }}">; no style attributes), no
+# plugins, no framing, no <base> hijack, forms post only here. Images may also be data: URIs (prompt
+# image blocks) and https: (README images).
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": [SELF],
