@@ -4,10 +4,13 @@ limits, inline executor); environment variables switch on production pieces."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONCE, NONE, SELF
 
+from orsplatform.deployment import DEVELOPMENT_SECRET_KEY, refuse_insecure_deployment
 from orsplatform.runners.sandbox.config import env_setting as sandbox_setting
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -34,14 +37,21 @@ def env_int(name: str, default: int) -> int:
 # Off unless asked for: with DEBUG on, Django records every SQL query, which costs the hot path
 # about a fifth of its database time.
 DEBUG = env_bool("DEBUG", False)
-# The embedded default is for a developer's box; production must set its own.
-SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+# --- Accounts and the perimeter (docs/accounts.md) --------------------------------------------------
+# The embedded default is for a developer's box. A deployment (SECRET_KEY set, ORS_SECURE_COOKIES on, or
+# ORS_DEPLOYMENT=production) must set its own SECRET_KEY and ALLOWED_HOSTS, and neither SECRET_KEY nor
+# ORS_AGENT_KEY_SECRET may be the development key: otherwise importing these settings refuses to start
+# anything (uvicorn, daphne, manage.py, Celery) with a message that says what to set.
+refuse_insecure_deployment(os.environ)
+SECRET_KEY = os.environ.get("SECRET_KEY", DEVELOPMENT_SECRET_KEY)
+# Any Host only on the embedded default; a deployment names its hosts (required above).
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h.strip()]
+# ------------------------------------------------------------------------------------------------------
 # `make run` prints a one-time sign-in link and password for the built-in team's owner. Only on the
 # embedded default: a deployment sets its own SECRET_KEY, which switches this off unless asked for.
 ORS_DEV_LOGIN = env_bool("ORS_DEV_LOGIN", "SECRET_KEY" not in os.environ)
 # Pages with a run in progress refetch their figures this often (seconds).
 ORS_LIVE_REFRESH_SECONDS = env_int("ORS_LIVE_REFRESH_SECONDS", 10)
-ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "*").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [
@@ -62,10 +72,13 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",  # sign-in lockout (accounts block below)
+    "csp",  # Content-Security-Policy with nonces (accounts block below)
 ]
 
 MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.security.SecurityMiddleware",  # nosniff, and HSTS behind TLS
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -73,6 +86,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out sign-in into the lockout page
 ]
 
 ROOT_URLCONF = "orsplatform.urls"
@@ -119,7 +133,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         "connect_timeout", env_int("ORS_DB_CONNECT_TIMEOUT_SECONDS", 5))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-AUTH_PASSWORD_VALIDATORS: list[dict] = []
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -351,6 +364,58 @@ ORS_EVAL_LEASE_SECONDS = env_float("ORS_EVAL_LEASE_SECONDS", 30.0)
 # A cancel that finds an agent's PUT /session in flight waits this long (at most a turn) for the
 # session's id, so the agent's session is deleted rather than left open on its server.
 ORS_EVAL_CANCEL_GRACE_SECONDS = env_float("ORS_EVAL_CANCEL_GRACE_SECONDS", 15.0)
+
+# --- Accounts: passwords, sign-in lockout, Content-Security-Policy (docs/accounts.md) -------------------
+# Wherever the platform sets a password (add_member, the admin, dev_key) Django's four validators judge it.
+AUTH_PASSWORD_VALIDATORS: list[dict] = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": env_int("ORS_PASSWORD_MIN_LENGTH", 10)}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# django-axes checks every sign-in (the login page, the admin's) before the password is: after
+# ORS_LOGIN_FAILURE_LIMIT wrong passwords for one username from one address, that pair is refused,
+# right password included, until ORS_LOGIN_COOLOFF_SECONDS pass without another try. Counts live in
+# the database, so every gateway process (and the embedded SQLite default) shares them.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("ORS_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(seconds=env_float("ORS_LOGIN_COOLOFF_SECONDS", 15 * 60))
+# Keyed on the pair, so an attacker cannot lock a user out from elsewhere, nor spread guesses over
+# many usernames from one address without each one counting.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "orsplatform.lockout.locked_out"  # the login page's frame, 429, how long to wait
+# The client address is the connection's (REMOTE_ADDR), never a header a client can forge; behind a
+# proxy, start uvicorn with --proxy-headers --forwarded-allow-ips=<proxy> so the ASGI client is the
+# real one.
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+AXES_VERBOSE = False  # no start-up banner, no user agents in its log lines; lockouts are still logged
+# One strict policy for every Django page: scripts and styles only from this site or inline with the
+# response's nonce (templates write <script nonce="{{ request.csp_nonce }}">; no style attributes), no
+# plugins, no framing, no <base> hijack, forms post only here. Images may also be data: URIs (prompt
+# image blocks) and https: (README images).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, NONCE],  # the nonce: only Swagger UI's page has an inline <style>
+        "img-src": [SELF, "data:", "https:"],
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    },
+}
+# X-Content-Type-Options: nosniff on every Django response (Django's default, stated because the
+# REST API relies on it); the ORS and OpenEnv faces add it themselves (orsplatform/ors/http.py).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+# ------------------------------------------------------------------------------------------------------
 
 # Behind TLS in production: cookies only over HTTPS, HSTS, and the proxy's scheme header trusted.
 if env_bool("ORS_SECURE_COOKIES", False):

@@ -22,18 +22,27 @@ ALLOWED_TAGS = {
     "i", "img", "li", "ol", "p", "pre", "s", "strong", "sub", "sup", "table", "tbody", "td", "th", "thead",
     "tr", "ul",
 }
-ALLOWED_ATTRIBUTES = {
-    "a": {"href", "title"}, "img": {"src", "alt", "title"}, "code": {"class"},
-    "th": {"style"}, "td": {"style"},
-}
+ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "img": {"src", "alt", "title"}, "code": {"class"}}
+# Table alignment, the only inline style markdown-it writes, becomes one of these classes: the
+# Content-Security-Policy allows no inline styles.
+ALIGN_CLASSES = {"align-left", "align-center", "align-right"}
+
+
+def _align_as_class(tokens) -> None:
+    for token in tokens:
+        if token.type in ("th_open", "td_open") and token.attrs.get("style"):
+            align = str(token.attrs.pop("style")).partition(":")[2].strip()
+            if f"align-{align}" in ALIGN_CLASSES:
+                token.attrs["class"] = f"align-{align}"
 
 
 def render_markdown(text: str) -> SafeString:
-    html = _renderer.render(text[:MAX_README_CHARS])
+    tokens = _renderer.parse(text[:MAX_README_CHARS])
+    _align_as_class(tokens)
+    html = _renderer.renderer.render(tokens, _renderer.options, {})
     clean = nh3.clean(
         html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES, url_schemes={"http", "https", "mailto"},
         link_rel="nofollow noopener noreferrer",
-        # Table alignment is the only inline style markdown-it writes.
-        filter_style_properties={"text-align"},
+        allowed_classes={"th": ALIGN_CLASSES, "td": ALIGN_CLASSES},
     )
     return mark_safe(clean)  # noqa: S308 — sanitized just above

@@ -10,11 +10,15 @@ import orjson
 
 from orsplatform.gateway.errors import GatewayError
 
-JSON_HEADERS = [(b"content-type", b"application/json")]
+# Every response of the ORS and OpenEnv faces is built from one of these two constant lists; nosniff
+# keeps a browser from reading a JSON or SSE body (which may echo tenant text) as HTML or script.
+NOSNIFF = (b"x-content-type-options", b"nosniff")
+JSON_HEADERS = [(b"content-type", b"application/json"), NOSNIFF]
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
+    NOSNIFF,
 ]
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -53,6 +54,7 @@ def user_set_password(*, username: str, password: str) -> None:
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         raise ValidationError(f"No user '{username}'.")
+    validate_password(password, user)  # AUTH_PASSWORD_VALIDATORS: too short, too common, all digits, like the name
     user.set_password(password)
     user.save(update_fields=["password"])
 
@@ -96,6 +98,15 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
     return api_key
+
+
+def api_key_rotate_unowned(*, team: Team, name: str, scopes: list[str]) -> NewApiKey:
+    """A fresh key named `name` for the team, revoking the earlier ones of that name that no person
+    created (the one `make run` prints: each run replaces the last, so one full-scope dev key is active)."""
+    with transaction.atomic():
+        ApiKey.objects.filter(team=team, name=name, created_by__isnull=True, revoked_at__isnull=True).update(
+            revoked_at=timezone.now())
+        return api_key_create(team=team, name=name, scopes=scopes)
 
 
 def api_keys_touch(*, last_used: dict[int, datetime]) -> None:

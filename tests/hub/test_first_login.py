@@ -12,6 +12,12 @@ from django.core.management import call_command
 from django.test import Client
 
 
+def signs_in(username: str, password: str) -> bool:
+    """Through the login page, as a person does (the lockout backend needs the request)."""
+    response = Client().post("/accounts/login/", {"username": username, "password": password})
+    return response.status_code == 302 and response["Location"] == "/console/"
+
+
 def dev_key(**kwargs) -> str:
     out = io.StringIO()
     call_command("dev_key", stdout=out, **kwargs)
@@ -39,11 +45,11 @@ def test_the_printed_link_signs_in_once_and_lands_on_the_console(live_db):
 
 def test_the_printed_password_signs_in_and_the_next_run_replaces_it(live_db):
     first = re.search(r"with password: (\S+)", dev_key()).group(1)
-    assert Client().login(username="dev", password=first)
+    assert signs_in("dev", first)
     second = re.search(r"with password: (\S+)", dev_key()).group(1)
     assert second != first
-    assert not Client().login(username="dev", password=first)
-    assert Client().login(username="dev", password=second)
+    assert not signs_in("dev", first)
+    assert signs_in("dev", second)
 
 
 def test_no_sign_in_is_printed_or_served_with_production_settings(live_db, settings):
@@ -60,7 +66,7 @@ def test_dev_login_defaults_off_when_a_secret_key_is_configured():
 
     import orsplatform.settings as module
 
-    with mock.patch.dict(os.environ, {"SECRET_KEY": "a-real-one"}):
+    with mock.patch.dict(os.environ, {"SECRET_KEY": "a-real-one", "ALLOWED_HOSTS": "ors.example.com"}):
         assert importlib.reload(module).ORS_DEV_LOGIN is False
     importlib.reload(module)
 
@@ -68,7 +74,7 @@ def test_dev_login_defaults_off_when_a_secret_key_is_configured():
 def test_add_member_sets_or_prompts_for_a_password(live_db):
     call_command("create_team", "acme", stdout=io.StringIO())
     call_command("add_member", "acme", "alice", "--role", "owner", "--password", "s3cret-pass", stdout=io.StringIO())
-    assert Client().login(username="alice", password="s3cret-pass")
+    assert signs_in("alice", "s3cret-pass")
     with mock.patch("getpass.getpass", side_effect=["typed-pass", "typed-pass"]):
         call_command("add_member", "acme", "bob", "--prompt-password", stdout=io.StringIO())
-    assert Client().login(username="bob", password="typed-pass")
+    assert signs_in("bob", "typed-pass")

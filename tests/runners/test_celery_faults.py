@@ -230,7 +230,7 @@ def test_a_teams_dedicated_runners_take_only_its_sessions(cluster, server_factor
 
 def test_runner_nodes_hold_no_platform_credentials(cluster, server_factory, owner, probe):
     cluster.start_runner()
-    gateway = server_factory(**cluster.env(SECRET_KEY="platform-secret-key-canary"))
+    gateway = server_factory(**cluster.env(SECRET_KEY="platform-secret-key-canary", ALLOWED_HOSTS="127.0.0.1"))
     sid = open_session(gateway.url, owner, probe)
     seen = sse_result(call(gateway.url, owner, sid, probe, "surroundings", {}).text)["output"]["metadata"]
     assert not {"DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"} & set(seen["env"])

@@ -10,13 +10,14 @@ from django.utils.http import urlsafe_base64_encode
 
 from orsplatform.teams.models import Membership
 from orsplatform.teams.services import (
-    api_key_create,
+    api_key_rotate_unowned,
     membership_add,
     team_get_or_create_builtin,
     user_set_password,
 )
 
 DEV_USER = "dev"
+DEV_KEY_NAME = "make run"
 
 
 class Command(BaseCommand):
@@ -46,6 +47,8 @@ class Command(BaseCommand):
             self.stdout.write(f"Sign in as '{DEV_USER}', owner of team '{team.slug}':")
             self.stdout.write(f"  one-time link: {base_url}{link}")
             self.stdout.write(f"  or at {base_url}/accounts/login/ with password: {password}")
-        new = api_key_create(team=team, name="make run", scopes=["sessions", "publish", "manage"])
-        self.stdout.write(f"Development API key for team '{team.slug}' (shown once):")
+        # Only a hash of a key is kept, so the last run's key cannot be printed again: it is replaced,
+        # and the keys earlier runs printed stop working (one full-scope dev key at a time).
+        new = api_key_rotate_unowned(team=team, name=DEV_KEY_NAME, scopes=["sessions", "publish", "manage"])
+        self.stdout.write(f"Development API key for team '{team.slug}' (shown once; earlier ones are revoked):")
         self.stdout.write(new.token)
