@@ -16,13 +16,13 @@ from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import Max
+from django.db.models import Max, Sum
 from django.utils import timezone
 
 from orsplatform.catalog import ingest, packages, pyenvs
 from orsplatform.catalog import requirements as package_requirements
 from orsplatform.catalog.errors import one_line, tenant_output
-from orsplatform.catalog.ingest import IngestError
+from orsplatform.catalog.ingest import IngestError, TaskQuotaExceeded, UploadTooLarge
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.celery import task
 from orsplatform.runners.inspection import run_child
@@ -219,6 +219,8 @@ def _ingest_into(environment: Environment, name: str, type: str, path: Path, fmt
     try:
         tasks_ingest(environment=environment, split_name=name, split_type=type, mode=IngestJob.Mode.REPLACE,
                      path=path, fmt=fmt, allow_empty=True)
+    except TaskQuotaExceeded as exc:
+        raise PublishError(f"{where}: {exc}", check="quota") from exc
     except IngestError as exc:
         lines = "\n".join(f"line {e['line']}: {e['error']}" if e["line"] else e["error"] for e in exc.errors)
         raise PublishError(f"{where}: {exc}", check="tasks", traceback=lines) from exc
@@ -516,6 +518,32 @@ def _infer_split_type(name: str) -> str:
     return name if name in Split.Type.values else Split.Type.VALIDATION
 
 
+def _tasks_quota(*, environment: Environment, split_name: str, held: int, mode: str) -> ingest.Quota:
+    """Room left under both task quotas for an ingest into a split now holding ``held`` tasks (a
+    replace frees them first). The per-split figure is exact (callers lock the split); the team's is
+    read from committed rows, so ingests running at once in one team may pass it by one file."""
+    per_split, per_team = settings.ORS_MAX_TASKS_PER_SPLIT, settings.ORS_MAX_TASKS_PER_TEAM
+    start = held if mode == IngestJob.Mode.APPEND else 0
+    team_total = (Split.objects.filter(environment__team_id=environment.team_id)
+                  .aggregate(n=Sum("num_tasks"))["n"] or 0)
+    in_team = team_total - held + start
+    split_room, team_room = per_split - start, per_team - in_team
+    if split_room <= team_room:
+        kept = f" and keeps its {start}" if start else ""
+        return ingest.Quota(room=split_room, message=(
+            f"Too many tasks: a split holds at most {per_split}; split '{split_name}'{kept} would pass it "
+            "with this file. Nothing was written."))
+    return ingest.Quota(room=team_room, message=(
+        f"Too many tasks: a team holds at most {per_team} in all its splits, and this team holds {in_team} "
+        "besides this file. Nothing was written."))
+
+
+def _check_declared_rows(path: Path, fmt: str, quota: ingest.Quota) -> None:
+    declared = ingest.declared_rows(path, fmt)
+    if declared is not None and declared > quota.room:
+        raise TaskQuotaExceeded(f"{quota.message} (The file declares {declared} rows.)")
+
+
 def tasks_ingest(
     *, environment: Environment, split_name: str, mode: str, path: Path, fmt: str,
     split_type: str | None = None, progress: ingest.Progress | None = None, allow_empty: bool = False,
@@ -536,13 +564,15 @@ def tasks_ingest(
             environment=environment, name=split_name,
             defaults={"type": split_type or _infer_split_type(split_name)},
         )
+        quota = _tasks_quota(environment=environment, split_name=split_name, held=split.num_tasks, mode=mode)
+        _check_declared_rows(path, fmt, quota)
         if mode == IngestJob.Mode.REPLACE:
             Task.objects.filter(split=split).delete()
             start = 0
         else:
             start = split.num_tasks
         with ingest.TaskWriter(split.id, start) as writer:
-            rows = ingest.stream_into(path=path, fmt=fmt, writer=writer, progress=progress)
+            rows = ingest.stream_into(path=path, fmt=fmt, writer=writer, progress=progress, quota=quota)
         if rows == 0 and not allow_empty:
             raise IngestError("The file holds no tasks.")
         split.num_tasks = start + rows
@@ -575,10 +605,6 @@ class _JobProgress:
             self._conn.close()
 
 
-class UploadTooLarge(IngestError):
-    pass
-
-
 def ingest_job_create(
     *, environment: Environment, split_name: str, mode: str, upload, fmt: str | None = None,
     split_type: str | None = None, created_by=None,
@@ -595,6 +621,10 @@ def ingest_job_create(
     path = packages.save_upload(upload)
     try:
         ingest.sniff(path, fmt)
+        # Refused at once when the file says it is over a quota (the ingest checks again, exactly).
+        split = Split.objects.filter(environment=environment, name=split_name).first()
+        _check_declared_rows(path, fmt, _tasks_quota(environment=environment, split_name=split_name,
+                                                     held=split.num_tasks if split else 0, mode=mode))
     except IngestError:
         packages.remove_quietly(path)
         raise
