@@ -35,7 +35,10 @@ publish: migrate
 devkey: publish
 	@$(PY) manage.py dev_key
 
+# cleanup_staged --startup: what a killed server left (staged uploads, ingests and builds it was
+# running) is removed or failed before the server serves again (docs/uploads.md).
 run: sandbox-deps publish devkey
+	$(PY) manage.py cleanup_staged --startup
 	$(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
 		--loop uvloop --http httptools --no-access-log --timeout-graceful-shutdown 5
 
