@@ -148,6 +148,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # OpenAPI links (what to call next with what an answer names): orsplatform/api/schema_links.py.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "orsplatform.api.schema_links.add_links"],
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
