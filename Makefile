@@ -40,7 +40,10 @@ devkey: publish
 	@$(PY) manage.py dev_key
 
 # The perimeter's protocol: httptools with a header deadline and a connection cap (docs/perimeter.md).
+# cleanup_staged --startup: what a killed server left (staged uploads, ingests and builds it was
+# running) is removed or failed before the server serves again (docs/uploads.md).
 run: sandbox-deps publish devkey
+	$(PY) manage.py cleanup_staged --startup
 	$(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
 		--loop uvloop --http orsplatform.perimeter.connections:PerimeterHttpToolsProtocol \
 		--no-access-log --timeout-graceful-shutdown 5

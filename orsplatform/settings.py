@@ -161,6 +161,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # OpenAPI links (what to call next with what an answer names): orsplatform/api/schema_links.py.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "orsplatform.api.schema_links.add_links"],
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -188,6 +191,8 @@ CELERY_BEAT_SCHEDULE: dict = {
     "analytics-rollup": {"task": "analytics.rollup_tool_calls", "schedule": 30.0},
     # Builds whose process died end as failed; Python environments no version uses are removed.
     "collect-pyenvs": {"task": "catalog.collect_pyenvs", "schedule": 600.0},
+    # Staged uploads and ingest jobs or builds left by a killed process (bounded batches).
+    "cleanup-staged": {"task": "catalog.cleanup_staged", "schedule": env_float("ORS_CLEANUP_EVERY_SECONDS", 300.0)},
     # Evaluation runs whose worker died are resumed on another (or failed, when they need secrets).
     "resume-orphaned-eval-runs": {"task": "evals.resume_orphaned_runs", "schedule": 30.0},
 }
@@ -312,6 +317,19 @@ ORS_MAX_TASK_BYTES = env_int("ORS_MAX_TASK_BYTES", 8 * 1024 * 1024)  # one task 
 ORS_UPLOAD_DIR = Path(os.environ.get("ORS_UPLOAD_DIR", VAR_DIR / "uploads"))
 # Large uploads stream to disk instead of memory; task files are read from there, never whole.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+# The perimeter of uploads and ingest (docs/uploads.md). A package's paths: at most this deep and
+# this long (each component at most 255 bytes); directories count as entries of ORS_MAX_PACKAGE_FILES
+# and 4 KiB each of ORS_MAX_PACKAGE_UNPACKED_BYTES. Tasks: at most this many in one split and in all
+# of a team's splits (an ingest past either is refused whole with 413).
+ORS_MAX_PACKAGE_PATH_DEPTH = env_int("ORS_MAX_PACKAGE_PATH_DEPTH", 32)
+ORS_MAX_PACKAGE_PATH_BYTES = env_int("ORS_MAX_PACKAGE_PATH_BYTES", 1024)
+ORS_MAX_TASKS_PER_SPLIT = env_int("ORS_MAX_TASKS_PER_SPLIT", 1_000_000)
+ORS_MAX_TASKS_PER_TEAM = env_int("ORS_MAX_TASKS_PER_TEAM", 5_000_000)
+# Staged uploads older than this (files in ORS_UPLOAD_DIR no queued or running ingest job holds, and
+# half-stored packages) are removed by `manage.py cleanup_staged` and the catalog.cleanup_staged beat
+# task (every ORS_CLEANUP_EVERY_SECONDS); an ingest job `running` this long with no live process is failed.
+ORS_STAGED_MAX_AGE_SECONDS = env_float("ORS_STAGED_MAX_AGE_SECONDS", 6 * 3600.0)
+ORS_CLEANUP_BATCH = env_int("ORS_CLEANUP_BATCH", 500)
 
 # Packages with requirements (requirements.txt, pyproject.toml, manifest `requirements`) run in a
 # Python environment built for them by uv in the sandbox (catalog/pyenvs.py), reaching only the

@@ -37,6 +37,8 @@ from orsplatform.teams.models import Team
 # Room for the multipart envelope around the file when the body size is checked before parsing.
 MULTIPART_SLACK = 64 * 1024
 MAX_PAGE = 1000
+# Publishing checks whose failure means "more than the platform takes" (413), not "wrong" (400).
+TOO_LARGE = ("size", "quota")
 
 
 class PublishAccess(BasePermission):
@@ -224,14 +226,15 @@ class VersionListView(APIView):
             result = environment_publish_path(team=team_obj, path=path, filename=upload.name, slug=slug,
                                               visibility=visibility, wait=wait)
         except PublishError as exc:
-            code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE if exc.check == "size" else status.HTTP_400_BAD_REQUEST
+            code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE if exc.check in TOO_LARGE else status.HTTP_400_BAD_REQUEST
             return Response({"detail": str(exc), "check": exc.check, "traceback": exc.traceback}, status=code)
         finally:
             remove_quietly(path)
         if result.version.status == EnvironmentVersion.Status.FAILED:
             check, _, detail = result.version.error.partition(": ")
+            code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE if check in TOO_LARGE else status.HTTP_400_BAD_REQUEST
             return Response({"detail": detail, "check": check, "traceback": "",
-                             "version": VersionSerializer(result.version).data}, status=status.HTTP_400_BAD_REQUEST)
+                             "version": VersionSerializer(result.version).data}, status=code)
         data = dict(VersionSerializer(result.version).data)
         data["created"] = result.created
         data["validation"] = _validation_summary(result.report)
@@ -325,14 +328,16 @@ class SplitTasksView(APIView):
                                     upload=upload, fmt=query.validated_data.get("format"),
                                     split_type=query.validated_data.get("type"))
         except UploadTooLarge as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+            return Response(exc.report(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         except IngestError as exc:
             return Response(exc.report(), status=status.HTTP_400_BAD_REQUEST)
         # Eager (no broker): the ingest already ran inside ingest_job_create's on_commit.
         job = selectors.ingest_job_of_team(team_id=environment.team_id, job_id=job.id)
         data = IngestJobSerializer(job).data
         if job.status == IngestJob.Status.FAILED:
-            return Response({**job.error_report, "job": data}, status=status.HTTP_400_BAD_REQUEST)
+            code = (status.HTTP_413_REQUEST_ENTITY_TOO_LARGE if job.error_report.get("check") == "quota"
+                    else status.HTTP_400_BAD_REQUEST)
+            return Response({**job.error_report, "job": data}, status=code)
         code = status.HTTP_200_OK if job.status == IngestJob.Status.SUCCEEDED else status.HTTP_202_ACCEPTED
         return Response(data, status=code)
 

@@ -17,9 +17,14 @@ class EnvironmentSerializer(serializers.Serializer):
 
 
 class EnvironmentDetailSerializer(EnvironmentSerializer):
-    tools = serializers.JSONField(source="current_version.tools")
+    # While the first version builds, or after it failed, nothing is current: no tools are served.
+    tools = serializers.SerializerMethodField(help_text="The current version's tools; [] while no version "
+                                                        "is current (the first one building, or failed).")
     splits = SplitSerializer(many=True, source="task_splits.all")
     versions = serializers.SerializerMethodField()
+
+    def get_tools(self, env) -> list[dict]:
+        return env.current_version.tools if env.current_version is not None else []
 
     def get_versions(self, env) -> list[dict]:
         return [{"number": v.number, "status": v.status, "content_hash": v.content_hash, "created_at": v.created_at}

@@ -55,6 +55,38 @@ class IngestError(Exception):
         return {"detail": str(self), "errors": self.errors}
 
 
+class UploadTooLarge(IngestError):
+    """More than the platform takes: answered 413."""
+
+
+class TaskQuotaExceeded(UploadTooLarge):
+    """More tasks than a quota leaves room for (ORS_MAX_TASKS_PER_SPLIT, ORS_MAX_TASKS_PER_TEAM): 413,
+    and nothing of the file is written."""
+
+    def report(self) -> dict:
+        return {**super().report(), "check": "quota"}
+
+
+@dataclass(frozen=True)
+class Quota:
+    room: int  # how many tasks this ingest may still write
+    message: str  # why not one more, for the TaskQuotaExceeded
+
+
+def declared_rows(path: Path, fmt: str) -> int | None:
+    """The row count a file declares up front (a Parquet footer), so a tiny file claiming millions of
+    rows is refused before a row is read; None for formats that only tell by being read. Streaming
+    still counts: a footer may lie."""
+    if fmt != "parquet":
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # unreadable: reported with its reason when the file is read
+        return None
+
+
 @dataclass
 class Errors:
     limit: int = MAX_ERRORS
@@ -327,18 +359,25 @@ class TaskWriter:
         self.rows = []
 
 
-def stream_into(*, path: Path, fmt: str, writer: TaskWriter, progress: Progress | None = None) -> int:
+def stream_into(*, path: Path, fmt: str, writer: TaskWriter, progress: Progress | None = None,
+                quota: Quota | None = None) -> int:
     """Reads ``path`` and writes its tasks; returns how many. After the first bad row nothing more is
     written, but reading goes on to report up to MAX_ERRORS bad rows in one IngestError (the caller's
-    transaction then rolls back what was written)."""
+    transaction then rolls back what was written). The first row past ``quota.room`` stops the read
+    at once with TaskQuotaExceeded (rolled back the same way)."""
     errors = Errors()
     position = [0]
     last = time.monotonic()
+    room = quota.room if quota is not None else None
+    accepted = 0
     for _, text in READERS[fmt](path, errors, position):
         if errors:
             if errors.full:
                 break
             continue
+        accepted += 1
+        if room is not None and accepted > room:
+            raise TaskQuotaExceeded(quota.message)
         writer.add(text)
         if progress is not None and not writer.rows:  # a batch has just been written
             now = time.monotonic()

@@ -16,6 +16,7 @@ import stat
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -24,6 +25,11 @@ from typing import BinaryIO
 from django.conf import settings
 
 CHUNK = 1024 * 1024
+# What one directory costs on disk (a filesystem block) and so in the unpacked-bytes budget: a
+# tarball of 100,000 empty directories is tiny but unpacks to hundreds of megabytes.
+DIRECTORY_BYTES = 4096
+# Linux's NAME_MAX: a longer component is refused before the filesystem fails on it.
+MAX_COMPONENT_BYTES = 255
 # Members that archivers add on their own; skipped rather than refused.
 SKIPPED_NAMES = {"__MACOSX", ".DS_Store", "__pycache__", ".git"}
 KINDS = {".zip": "zip", ".tar.gz": "tar.gz", ".tgz": "tar.gz", ".tar": "tar", ".py": "py"}
@@ -68,6 +74,29 @@ def _limits() -> tuple[int, int, int, int]:
             settings.ORS_MAX_PACKAGE_FILES, settings.ORS_MAX_COMPRESSION_RATIO)
 
 
+def staging_dir() -> Path:
+    """Where uploads are staged and unpacked: one folder, so whatever a killed process left there is
+    found and removed by the stale-upload sweep (services.uploads_remove_stale)."""
+    directory = Path(settings.ORS_UPLOAD_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _check_path_shape(raw: str, parts: list[str]) -> None:
+    """Depth and lengths within what every later step (hashing, copying, the sandbox's bind mounts)
+    handles, so an odd name is a 400 naming it, not an OSError deep in the filesystem."""
+    max_depth, max_path = settings.ORS_MAX_PACKAGE_PATH_DEPTH, settings.ORS_MAX_PACKAGE_PATH_BYTES
+    if len(parts) > max_depth:
+        raise PackageError(f"Archive member {raw[:200]!r} is nested {len(parts)} levels deep; "
+                           f"the limit is {max_depth}.")
+    for part in parts:
+        if len(part.encode("utf-8", "surrogateescape")) > MAX_COMPONENT_BYTES:
+            raise PackageError(f"Archive member {raw[:200]!r} has a name component longer than "
+                               f"{MAX_COMPONENT_BYTES} bytes.")
+    if len("/".join(parts).encode("utf-8", "surrogateescape")) > max_path:
+        raise PackageError(f"Archive member {raw[:200]!r} has a path longer than {max_path} bytes.")
+
+
 def _safe_name(raw: str) -> PurePosixPath | None:
     """The member's relative path, or None for a member to skip. Raises for a dangerous name."""
     name = raw.replace("\\", "/")
@@ -80,28 +109,63 @@ def _safe_name(raw: str) -> PurePosixPath | None:
         raise PackageError(f"Archive member {raw!r} points outside the package ('..').")
     if not parts or any(p in SKIPPED_NAMES for p in parts) or parts[-1].endswith(".pyc"):
         return None
+    _check_path_shape(raw, parts)
     return PurePosixPath(*parts)
 
 
 class _Budget:
-    """Counts files and bytes written against the package limits."""
+    """Counts entries (files and directories, named or implied by a file's path) and the bytes they
+    take against the package limits, and keeps the tree's shape: a name is a file or a directory,
+    once."""
 
     def __init__(self, compressed_bytes: int) -> None:
         _, self.max_bytes, self.max_files, self.ratio = _limits()
         self.compressed = max(compressed_bytes, 1)
         self.files = 0
         self.bytes = 0
+        self.data_bytes = 0
+        self.file_names: set[PurePosixPath] = set()
+        self.dir_names: set[PurePosixPath] = set()
 
-    def add_file(self) -> None:
+    def _count(self) -> None:
         self.files += 1
         if self.files > self.max_files:
-            raise PackageError(f"The package holds more than {self.max_files} files.")
+            raise PackageError(f"The package holds more than {self.max_files} files and directories.")
 
-    def add_bytes(self, n: int) -> None:
+    def add_dir(self, rel: PurePosixPath, raw: str) -> bool:
+        """Records ``rel`` and its parents as directories; False when it already was one."""
+        if rel in self.dir_names:
+            return False
+        for path in (*reversed(rel.parents[:-1]), rel):
+            if path in self.file_names:
+                raise PackageError(f"Archive member {raw!r} puts a directory where the file "
+                                   f"{str(path)!r} is.")
+            if path not in self.dir_names:
+                self.dir_names.add(path)
+                self._count()
+                self.add_bytes(DIRECTORY_BYTES, compressed=False)
+        return True
+
+    def add_file(self, rel: PurePosixPath, raw: str) -> None:
+        if rel in self.file_names:
+            raise PackageError(f"Archive member {raw!r} appears twice.")
+        if rel in self.dir_names:
+            raise PackageError(f"Archive member {raw!r} is a file where a directory of the same name is.")
+        if rel.parent != PurePosixPath("."):
+            self.add_dir(rel.parent, raw)
+        self.file_names.add(rel)
+        self._count()
+
+    def add_bytes(self, n: int, *, compressed: bool = True) -> None:
+        """``compressed``: bytes that came out of the archive's compressed data (what the ratio check
+        is about; a directory's block did not)."""
         self.bytes += n
         if self.bytes > self.max_bytes:
             raise PackageError(f"The package unpacks to more than {self.max_bytes} bytes.", check="size")
-        if self.bytes > RATIO_FLOOR_BYTES and self.bytes > self.ratio * self.compressed:
+        if not compressed:
+            return
+        self.data_bytes += n
+        if self.data_bytes > RATIO_FLOOR_BYTES and self.data_bytes > self.ratio * self.compressed:
             raise PackageError(f"The archive expands more than {self.ratio}x (a zip bomb?); refused.")
 
 
@@ -114,6 +178,24 @@ def _target(root: Path, rel: PurePosixPath) -> Path:
         raise PackageError(f"Archive member {str(rel)!r} appears twice.")
     target.parent.mkdir(parents=True, exist_ok=True)
     return target
+
+
+def _make_dir(root: Path, rel: PurePosixPath, raw: str, budget: _Budget) -> None:
+    if budget.add_dir(rel, raw):
+        root.joinpath(*rel.parts).mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
+def _member(raw: str) -> Iterator[None]:
+    """What the filesystem still refuses (the budget's shape and name checks come first) is the
+    member's fault: a 400 naming it, never an error escaping as a 500."""
+    try:
+        yield
+    except PackageError:
+        raise
+    except OSError as exc:
+        raise PackageError(f"Archive member {raw[:200]!r} cannot be unpacked: "
+                           f"{exc.strerror or type(exc).__name__}.") from exc
 
 
 def _copy_stream(src: BinaryIO, target: Path, budget: _Budget, declared: int | None) -> None:
@@ -140,15 +222,21 @@ def _check_magic(path: Path, kind: str) -> None:
         raise PackageError(f"The file is not a {kind} file, whatever its name says.")
 
 
+# What zipfile raises for a broken or unsupported archive besides BadZipFile: a lying header
+# (EOFError, ValueError), a compression method it lacks (NotImplementedError), a bad deflate stream.
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,
+              RuntimeError, zlib.error)
+
+
 def _extract_zip(path: Path, root: Path, budget: _Budget) -> None:
     try:
         archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as exc:
+    except ZIP_ERRORS as exc:
         raise PackageError(f"Not a readable zip file: {exc}") from exc
     with archive:
         infos = archive.infolist()
         if len(infos) > budget.max_files:
-            raise PackageError(f"The package holds more than {budget.max_files} files.")
+            raise PackageError(f"The package holds more than {budget.max_files} files and directories.")
         if sum(i.file_size for i in infos) > budget.max_bytes:
             raise PackageError(f"The package unpacks to more than {budget.max_bytes} bytes.", check="size")
         for info in infos:
@@ -162,18 +250,23 @@ def _extract_zip(path: Path, root: Path, budget: _Budget) -> None:
             if rel is None:
                 continue
             if info.is_dir():
-                _target(root, rel).mkdir(parents=True, exist_ok=True)
+                with _member(info.filename):
+                    _make_dir(root, rel, info.filename, budget)
                 continue
             if info.flag_bits & 0x1:
                 raise PackageError(f"Archive member {info.filename!r} is encrypted.")
             if info.file_size > RATIO_FLOOR_BYTES and info.file_size > budget.ratio * max(info.compress_size, 1):
                 raise PackageError(f"Archive member {info.filename!r} expands more than {budget.ratio}x "
                                    "(a zip bomb?); refused.")
-            budget.add_file()
+            budget.add_file(rel, info.filename)
+            with _member(info.filename):
+                target = _target(root, rel)
             try:
                 with archive.open(info) as src:
-                    _copy_stream(src, _target(root, rel), budget, info.file_size)
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                    _copy_stream(src, target, budget, info.file_size)
+            except PackageError:
+                raise
+            except ZIP_ERRORS as exc:
                 raise PackageError(f"Archive member {info.filename!r} is corrupt: {exc}") from exc
 
 
@@ -191,9 +284,10 @@ def _extract_tar(path: Path, root: Path, budget: _Budget) -> None:
                 if rel is None:
                     continue
                 if member.isdir():
-                    _target(root, rel).mkdir(parents=True, exist_ok=True)
+                    with _member(member.name):
+                        _make_dir(root, rel, member.name, budget)
                     continue
-                budget.add_file()
+                budget.add_file(rel, member.name)
                 declared += member.size
                 if declared > budget.max_bytes:
                     raise PackageError(f"The package unpacks to more than {budget.max_bytes} bytes.",
@@ -201,8 +295,12 @@ def _extract_tar(path: Path, root: Path, budget: _Budget) -> None:
                 src = archive.extractfile(member)
                 if src is None:
                     raise PackageError(f"Archive member {member.name!r} cannot be read.")
-                _copy_stream(src, _target(root, rel), budget, member.size)
-    except (tarfile.TarError, OSError, EOFError) as exc:
+                with _member(member.name):
+                    target = _target(root, rel)
+                _copy_stream(src, target, budget, member.size)
+    except PackageError:
+        raise
+    except (tarfile.TarError, OSError, EOFError, ValueError, zlib.error) as exc:
         raise PackageError(f"Not a readable tar archive: {exc}") from exc
 
 
@@ -214,9 +312,9 @@ def _copy_folder(source: Path, root: Path, budget: _Budget) -> None:
         if path.is_symlink():
             raise PackageError(f"{path.relative_to(source)} is a symbolic link; links are refused.")
         if path.is_dir():
-            _target(root, rel).mkdir(parents=True, exist_ok=True)
+            _make_dir(root, rel, str(rel), budget)
         elif path.is_file():
-            budget.add_file()
+            budget.add_file(rel, str(rel))
             with path.open("rb") as src:
                 _copy_stream(src, _target(root, rel), budget, None)
         else:
@@ -243,7 +341,7 @@ def unpacked(path: Path, *, filename: str | None = None) -> Iterator[Unpacked]:
     path = Path(path)
     filename = filename or path.name
     max_compressed = _limits()[0]
-    with tempfile.TemporaryDirectory(prefix="orspkg-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="orspkg-", dir=staging_dir()) as tmp:
         root = Path(tmp) / "pkg"
         root.mkdir()
         if path.is_dir():
@@ -278,7 +376,7 @@ def unpacked(path: Path, *, filename: str | None = None) -> Iterator[Unpacked]:
 
 def save_upload(upload, *, directory: Path | None = None) -> Path:
     """Write an uploaded file (Django UploadedFile) to disk in chunks; returns its path."""
-    directory = directory or settings.ORS_UPLOAD_DIR
+    directory = directory or staging_dir()
     directory.mkdir(parents=True, exist_ok=True)
     suffix = "".join(PurePosixPath(upload.name or "upload").suffixes[-2:])[:20]
     fd, name = tempfile.mkstemp(dir=directory, suffix=re.sub(r"[^A-Za-z0-9.]", "", suffix))

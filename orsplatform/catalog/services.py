@@ -1,28 +1,31 @@
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
 import threading
+import time
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import Max
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
+from django.db.models import Max, Sum
 from django.utils import timezone
 
 from orsplatform.catalog import ingest, packages, pyenvs
 from orsplatform.catalog import requirements as package_requirements
 from orsplatform.catalog.errors import one_line, tenant_output
-from orsplatform.catalog.ingest import IngestError
+from orsplatform.catalog.ingest import IngestError, TaskQuotaExceeded, UploadTooLarge
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.celery import task
 from orsplatform.runners.inspection import Results, run_child
@@ -30,6 +33,9 @@ from orsplatform.teams.models import Team
 from orsplatform.teams.services import validate_slug
 
 TASK_BATCH = 2000
+# _store_package copies a package beside its final place under this prefix, then renames it; what a
+# killed process left so is removed by uploads_remove_stale.
+STAGING_PREFIX = ".staging-"
 IGNORED_NAMES = {"__pycache__", ".git", ".DS_Store"}
 
 
@@ -236,7 +242,7 @@ def _store_package(source: Path, content_hash: str) -> Path:
     if not stored.exists():
         settings.ORS_PACKAGE_DIR.mkdir(parents=True, exist_ok=True)
         # Copy beside the final place, then rename, so a half-copied package is never visible.
-        tmp = Path(tempfile.mkdtemp(dir=settings.ORS_PACKAGE_DIR))
+        tmp = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=settings.ORS_PACKAGE_DIR))
         shutil.copytree(source, tmp / "pkg", ignore=shutil.ignore_patterns(*IGNORED_NAMES, "*.pyc"))
         try:
             (tmp / "pkg").rename(stored)
@@ -251,6 +257,8 @@ def _ingest_into(environment: Environment, name: str, type: str, path: Path, fmt
     try:
         tasks_ingest(environment=environment, split_name=name, split_type=type, mode=IngestJob.Mode.REPLACE,
                      path=path, fmt=fmt, allow_empty=True)
+    except TaskQuotaExceeded as exc:
+        raise PublishError(f"{where}: {exc}", check="quota") from exc
     except IngestError as exc:
         lines = "\n".join(f"line {e['line']}: {e['error']}" if e["line"] else e["error"] for e in exc.errors)
         raise PublishError(f"{where}: {exc}", check="tasks", traceback=lines) from exc
@@ -487,13 +495,14 @@ def _version_fail(version: EnvironmentVersion, check: str, message: str, log: py
     return version
 
 
-def versions_fail_stalled_builds(*, older_than_seconds: float) -> int:
+def versions_fail_stalled_builds(*, older_than_seconds: float, limit: int | None = None) -> int:
     """Builds whose process died (a server restarted mid-build) end as failed, not building forever."""
     cutoff = timezone.now() - timezone.timedelta(seconds=older_than_seconds)
-    stalled = EnvironmentVersion.objects.filter(status=EnvironmentVersion.Status.BUILDING, created_at__lt=cutoff)
+    stalled = EnvironmentVersion.objects.filter(status=EnvironmentVersion.Status.BUILDING,
+                                                created_at__lte=cutoff).order_by("id")
     count = 0
-    for version in stalled:
-        if pyenvs.log_age_seconds(version.id) > older_than_seconds:
+    for version in stalled[:limit] if limit is not None else stalled:
+        if pyenvs.log_age_seconds(version.id) >= older_than_seconds:
             _version_fail(version, "requirements", "The build stopped without finishing (its process ended); "
                           "publish the package again.", pyenvs.BuildLog(pyenvs.log_path(version.id)))
             count += 1
@@ -548,6 +557,32 @@ def _infer_split_type(name: str) -> str:
     return name if name in Split.Type.values else Split.Type.VALIDATION
 
 
+def _tasks_quota(*, environment: Environment, split_name: str, held: int, mode: str) -> ingest.Quota:
+    """Room left under both task quotas for an ingest into a split now holding ``held`` tasks (a
+    replace frees them first). The per-split figure is exact (callers lock the split); the team's is
+    read from committed rows, so ingests running at once in one team may pass it by one file."""
+    per_split, per_team = settings.ORS_MAX_TASKS_PER_SPLIT, settings.ORS_MAX_TASKS_PER_TEAM
+    start = held if mode == IngestJob.Mode.APPEND else 0
+    team_total = (Split.objects.filter(environment__team_id=environment.team_id)
+                  .aggregate(n=Sum("num_tasks"))["n"] or 0)
+    in_team = team_total - held + start
+    split_room, team_room = per_split - start, per_team - in_team
+    if split_room <= team_room:
+        kept = f" and keeps its {start}" if start else ""
+        return ingest.Quota(room=split_room, message=(
+            f"Too many tasks: a split holds at most {per_split}; split '{split_name}'{kept} would pass it "
+            "with this file. Nothing was written."))
+    return ingest.Quota(room=team_room, message=(
+        f"Too many tasks: a team holds at most {per_team} in all its splits, and this team holds {in_team} "
+        "besides this file. Nothing was written."))
+
+
+def _check_declared_rows(path: Path, fmt: str, quota: ingest.Quota) -> None:
+    declared = ingest.declared_rows(path, fmt)
+    if declared is not None and declared > quota.room:
+        raise TaskQuotaExceeded(f"{quota.message} (The file declares {declared} rows.)")
+
+
 def tasks_ingest(
     *, environment: Environment, split_name: str, mode: str, path: Path, fmt: str,
     split_type: str | None = None, progress: ingest.Progress | None = None, allow_empty: bool = False,
@@ -568,13 +603,15 @@ def tasks_ingest(
             environment=environment, name=split_name,
             defaults={"type": split_type or _infer_split_type(split_name)},
         )
+        quota = _tasks_quota(environment=environment, split_name=split_name, held=split.num_tasks, mode=mode)
+        _check_declared_rows(path, fmt, quota)
         if mode == IngestJob.Mode.REPLACE:
             Task.objects.filter(split=split).delete()
             start = 0
         else:
             start = split.num_tasks
         with ingest.TaskWriter(split.id, start) as writer:
-            rows = ingest.stream_into(path=path, fmt=fmt, writer=writer, progress=progress)
+            rows = ingest.stream_into(path=path, fmt=fmt, writer=writer, progress=progress, quota=quota)
         if rows == 0 and not allow_empty:
             raise IngestError("The file holds no tasks.")
         split.num_tasks = start + rows
@@ -607,10 +644,6 @@ class _JobProgress:
             self._conn.close()
 
 
-class UploadTooLarge(IngestError):
-    pass
-
-
 def ingest_job_create(
     *, environment: Environment, split_name: str, mode: str, upload, fmt: str | None = None,
     split_type: str | None = None, created_by=None,
@@ -627,6 +660,10 @@ def ingest_job_create(
     path = packages.save_upload(upload)
     try:
         ingest.sniff(path, fmt)
+        # Refused at once when the file says it is over a quota (the ingest checks again, exactly).
+        split = Split.objects.filter(environment=environment, name=split_name).first()
+        _check_declared_rows(path, fmt, _tasks_quota(environment=environment, split_name=split_name,
+                                                     held=split.num_tasks if split else 0, mode=mode))
     except IngestError:
         packages.remove_quietly(path)
         raise
@@ -639,32 +676,169 @@ def ingest_job_create(
     return job
 
 
-def ingest_job_run(*, job_id: int) -> IngestJob:
-    """Run a queued ingest job once (a redelivered task finds it claimed and does nothing)."""
-    claimed = IngestJob.objects.filter(id=job_id, status=IngestJob.Status.QUEUED).update(
-        status=IngestJob.Status.RUNNING, started_at=timezone.now())
-    job = IngestJob.objects.select_related("environment__team").get(id=job_id)
-    if not claimed:
-        return job
-    progress = _JobProgress(job.id)
+# PostgreSQL advisory locks (space, job id) held by the process running an ingest job, from before
+# its claim to its end: a `running` job whose lock is free has lost its process (killed, its node
+# gone), and the cleanup may fail it.
+INGEST_LOCK_SPACE = 0x4F5253
+
+
+def _lock_key(job_id: int) -> int:
+    return job_id & 0x7FFFFFFF
+
+
+@contextlib.contextmanager
+def _ingest_job_held(job_id: int) -> Iterator[bool]:
+    """Holds the job's liveness lock for the block; False when another process holds it."""
+    if connection.vendor != "postgresql":
+        yield True  # the embedded default runs ingests in its one server process (see staging_cleanup)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [INGEST_LOCK_SPACE, _lock_key(job_id)])
+        held = cursor.fetchone()[0]
     try:
-        result = tasks_ingest(environment=job.environment, split_name=job.split_name, mode=job.mode,
-                              path=Path(job.source_path), fmt=job.format, split_type=job.split_type or None,
-                              progress=progress)
-    except IngestError as exc:
-        job.status, job.error_report = IngestJob.Status.FAILED, exc.report()
-    except Exception as exc:  # the job must end as failed, never stay "running"
-        logger.exception("ingest job %s failed", job.id)
-        job.status = IngestJob.Status.FAILED
-        job.error_report = {"detail": f"Internal error ({type(exc).__name__}); no task was written.", "errors": []}
-    else:
-        job.status, job.rows_done, job.bytes_done = IngestJob.Status.SUCCEEDED, result.rows, job.bytes_total
-        job.num_tasks = result.split.num_tasks
+        yield held
     finally:
-        progress.close()
-        packages.remove_quietly(job.source_path)
-    job.finished_at = timezone.now()
-    job.source_path = ""
-    job.save(update_fields=["status", "error_report", "rows_done", "bytes_done", "num_tasks", "finished_at",
-                            "source_path"])
-    return job
+        if held:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [INGEST_LOCK_SPACE, _lock_key(job_id)])
+            except DatabaseError:
+                pass  # the connection is gone, and its locks with it
+
+
+def ingest_job_run(*, job_id: int) -> IngestJob:
+    """Run a queued ingest job once (a redelivered task finds it claimed and does nothing). The tasks
+    and the job's success are one transaction: a job left `running` by a killed process wrote nothing."""
+    with _ingest_job_held(job_id) as held:
+        claimed = held and IngestJob.objects.filter(id=job_id, status=IngestJob.Status.QUEUED).update(
+            status=IngestJob.Status.RUNNING, started_at=timezone.now())
+        job = IngestJob.objects.select_related("environment__team").get(id=job_id)
+        if not claimed:
+            return job
+        progress = _JobProgress(job.id)
+        source = job.source_path
+        fields = ["status", "error_report", "rows_done", "bytes_done", "num_tasks", "finished_at", "source_path"]
+        try:
+            with transaction.atomic():
+                result = tasks_ingest(environment=job.environment, split_name=job.split_name, mode=job.mode,
+                                      path=Path(source), fmt=job.format, split_type=job.split_type or None,
+                                      progress=progress)
+                job.status, job.rows_done, job.bytes_done = IngestJob.Status.SUCCEEDED, result.rows, job.bytes_total
+                job.num_tasks = result.split.num_tasks
+                job.finished_at, job.source_path = timezone.now(), ""
+                job.save(update_fields=fields)
+            return job
+        except IngestError as exc:
+            job.status, job.error_report = IngestJob.Status.FAILED, exc.report()
+        except Exception as exc:  # the job must end as failed, never stay "running"
+            logger.exception("ingest job %s failed", job.id)
+            job.status = IngestJob.Status.FAILED
+            job.error_report = {"detail": f"Internal error ({type(exc).__name__}); no task was written.",
+                                "errors": []}
+        finally:
+            progress.close()
+            packages.remove_quietly(source)
+        job.num_tasks, job.finished_at, job.source_path = None, timezone.now(), ""
+        job.save(update_fields=fields)
+        return job
+
+
+# --- cleanup: what a killed process leaves behind -------------------------------------------------------
+
+ABANDONED_INGEST = ("The ingest stopped without finishing (its process ended); no task was written. "
+                    "Upload the file again.")
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    uploads_removed: int
+    ingest_jobs_failed: int
+    builds_failed: int
+
+    def more(self, limit: int) -> bool:
+        """A batch came back full: more may be waiting."""
+        return max(self.uploads_removed, self.ingest_jobs_failed, self.builds_failed) >= limit
+
+
+def _aged_entries(root: Path, cutoff: float, prefix: str = "") -> Iterator[Path]:
+    if not root.is_dir():
+        return
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if not entry.name.startswith(prefix):
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime <= cutoff:
+                    yield Path(entry.path)
+            except FileNotFoundError:
+                continue  # removed meanwhile
+
+
+def uploads_remove_stale(*, older_than_seconds: float, limit: int) -> int:
+    """Remove staged uploads and unpacked packages (ORS_UPLOAD_DIR) and half-stored packages
+    (ORS_PACKAGE_DIR/.staging-*) older than ``older_than_seconds``; a queued or running ingest
+    job's file stays (its job removes it, or ingest_jobs_fail_abandoned does)."""
+    cutoff = time.time() - older_than_seconds
+    held = set(IngestJob.objects.filter(status__in=(IngestJob.Status.QUEUED, IngestJob.Status.RUNNING))
+               .exclude(source_path="").values_list("source_path", flat=True))
+    removed = 0
+    for root, prefix in ((Path(settings.ORS_UPLOAD_DIR), ""), (Path(settings.ORS_PACKAGE_DIR), STAGING_PREFIX)):
+        for path in _aged_entries(root, cutoff, prefix):
+            if removed >= limit:
+                return removed
+            if str(path) in held:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def ingest_jobs_fail_abandoned(*, started_before, limit: int) -> int:
+    """Fail `running` ingest jobs whose process died, and remove their staged files. On PostgreSQL
+    a job is abandoned when its liveness lock is free (exact, whatever ``started_before``); on SQLite
+    (one server process) when it started before ``started_before``."""
+    postgres = connection.vendor == "postgresql"
+    candidates = IngestJob.objects.filter(status=IngestJob.Status.RUNNING)
+    if not postgres:
+        candidates = candidates.filter(started_at__lt=started_before)
+    failed = 0
+    for job_id in candidates.order_by("id").values_list("id", flat=True)[:limit]:
+        with transaction.atomic():
+            job = (IngestJob.objects.select_for_update(skip_locked=True)
+                   .filter(id=job_id, status=IngestJob.Status.RUNNING).first())
+            if job is None:
+                continue
+            if postgres:
+                with connection.cursor() as cursor:
+                    # Held until this transaction ends: the job cannot come back to life meanwhile.
+                    cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [INGEST_LOCK_SPACE, _lock_key(job_id)])
+                    if not cursor.fetchone()[0]:
+                        continue  # its process is alive
+            source = job.source_path
+            job.status, job.finished_at, job.source_path = IngestJob.Status.FAILED, timezone.now(), ""
+            job.error_report = {"detail": ABANDONED_INGEST, "errors": []}
+            job.save(update_fields=["status", "finished_at", "source_path", "error_report"])
+        packages.remove_quietly(source)
+        cache.delete(ingest.progress_key(job_id))
+        failed += 1
+    return failed
+
+
+def staging_cleanup(*, at_startup: bool = False) -> CleanupReport:
+    """One bounded pass over what killed processes leave: staged uploads, `running` ingest jobs,
+    `building` versions. ``at_startup``: before the server serves; on the embedded default (no
+    broker: ingests and builds run inside the server process) nothing can be in flight then, so
+    everything staged and every running job or build is abandoned. With a broker, workers elsewhere
+    may be busy, so start-up sweeps like the scheduled task does."""
+    limit = settings.ORS_CLEANUP_BATCH
+    embedded = at_startup and settings.CELERY_TASK_ALWAYS_EAGER
+    age = 0.0 if embedded else settings.ORS_STAGED_MAX_AGE_SECONDS
+    now = timezone.now()
+    jobs = ingest_jobs_fail_abandoned(started_before=now - timezone.timedelta(seconds=age), limit=limit)
+    uploads = uploads_remove_stale(older_than_seconds=age, limit=limit)
+    build_age = 0.0 if embedded else settings.ORS_BUILD_TIMEOUT_SECONDS + 60
+    builds = versions_fail_stalled_builds(older_than_seconds=build_age, limit=limit)
+    return CleanupReport(uploads_removed=uploads, ingest_jobs_failed=jobs, builds_failed=builds)

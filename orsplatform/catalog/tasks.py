@@ -29,3 +29,16 @@ def collect_pyenvs() -> None:
 
     versions_fail_stalled_builds(older_than_seconds=settings.ORS_BUILD_TIMEOUT_SECONDS + 60)
     pyenvs_collect_unused()
+
+
+@app.task(name="catalog.cleanup_staged")
+def cleanup_staged() -> None:
+    """Staged uploads, ingest jobs and builds left by killed processes, a bounded batch at a time; a
+    full batch queues the next at once (with a broker: eagerly that would recurse in the caller)."""
+    from django.conf import settings
+
+    from orsplatform.catalog.services import staging_cleanup
+
+    report = staging_cleanup()
+    if report.more(settings.ORS_CLEANUP_BATCH) and not settings.CELERY_TASK_ALWAYS_EAGER:
+        cleanup_staged.delay()
