@@ -141,12 +141,16 @@ def layout() -> _Layout | None:
             parents = {c: _make_parent(v1[c], own.get(c, "/")) for c in V1_CONTROLLERS}
             if all(parents.values()):
                 _remove_orphans(parents.values())  # type: ignore[arg-type]
+                with contextlib.suppress(OSError):
+                    (parents["cpu"] / "cpu.shares").write_text(str(1024 * _cpus()))  # type: ignore[operator]
                 return _Layout(1, parents)  # type: ignore[arg-type]
             why = "the cgroup v1 hierarchies are not writable"
         elif v2 is not None:
             parent = _v2_parent(v2, own.get("", "/"))
             if parent is not None:
                 _remove_orphans([parent])
+                with contextlib.suppress(OSError):
+                    (parent / "cpu.weight").write_text(str(min(10000, 100 * _cpus())))
                 return _Layout(2, {"unified": parent})
             why = "this process's cgroup v2 is not delegated to it with the memory, pids and cpu controllers"
         else:
@@ -154,6 +158,14 @@ def layout() -> _Layout | None:
     log.warning("sandbox workers get no cgroup (%s): their limits are per-process rlimits only (memory per "
                 "process, no CPU share, forks bounded by RLIMIT_NPROC, which does not bind uid 0)", why)
     return None
+
+
+def _cpus() -> int:
+    """The weight of all workers together, in busy processes: one per CPU. The workers' parent
+    group competes with the supervisor and the host's other processes as one entity, so at the
+    weight of one process it would squeeze every worker into one CPU's worth under contention;
+    within it, every worker weighs the same."""
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 def _remove_orphans(parents) -> None:
