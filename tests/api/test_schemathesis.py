@@ -127,13 +127,17 @@ def test_no_operation_of_the_api_answers_a_server_error(api_server, owner, broke
     assert len(operations) >= 25
     for operation in operations:
         for headers in (owner.headers, {}):
-            @hypothesis.settings(max_examples=12, **SETTINGS)
-            @given(case=operation.as_strategy())
-            def fuzz(case, headers=headers):
-                response = case.call(headers=headers, timeout=60)
-                case.validate_response(response, checks=[not_a_server_error])
+            fuzzer(operation, headers)()
 
-            fuzz()
+
+def fuzzer(operation, headers: dict):
+    @hypothesis.settings(max_examples=12, **SETTINGS)
+    @given(case=operation.as_strategy())
+    def fuzz(case):
+        response = case.call(headers=headers, timeout=60)
+        case.validate_response(response, checks=[not_a_server_error])
+
+    return fuzz
 
 
 def test_following_links_from_a_publish_to_an_environment_mid_build_never_answers_a_server_error(
