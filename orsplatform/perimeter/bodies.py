@@ -6,8 +6,9 @@ late and a Content-Length check alone lets any chunked body through. Here every 
 send ORS_MAX_REQUEST_BYTES (below the spooling threshold: nothing reaches the disk); only the upload
 routes, POSTed by a caller who may publish to the team in the path (a signed-in member who is not a
 viewer, or a team API key with the publish scope), may send up to the package or task-file limit.
-Past the limit the answer is 413 {"detail"} with `Connection: close`, and Django is told the client
-went away, so it stops reading and answers nothing itself.
+Past the limit the answer is 413 {"detail"} with `Connection: close` (after reading and dropping up
+to DRAIN_BYTES more, so a client still sending reads the answer rather than a reset), and Django
+is told the client went away, so it stops reading and answers nothing itself.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from django.conf import settings
 
 # Multipart framing and the form's other fields around the file itself.
 UPLOAD_SLACK = 1024 * 1024
+# How much of a refused body is still read (and dropped) so the client reads its 413.
+DRAIN_BYTES = 8 * 1024 * 1024
 _SLUG = r"[-a-zA-Z0-9_]+"
 
 
@@ -74,6 +77,20 @@ async def send_too_large(send, limit: int) -> None:
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def drain(receive, budget: int) -> None:
+    """Read and drop the rest of a refused body, up to `budget` bytes: a client (or nginx streaming
+    the body) that is still sending when the server closes gets a reset instead of the 413. A
+    longer body is cut (Connection: close)."""
+    dropped = 0
+    while dropped <= budget:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        dropped += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def _key_may_publish(token: str, team: str) -> bool:
@@ -163,6 +180,8 @@ def limit_bodies(app: ASGIApp) -> ASGIApp:
             if await may_upload(scope, route, team):
                 limit = upload_limit
         if declared is not None and declared > limit:
+            if declared <= limit + DRAIN_BYTES:
+                await drain(receive, DRAIN_BYTES)
             await send_too_large(send, limit)
             return
 
@@ -180,6 +199,8 @@ def limit_bodies(app: ASGIApp) -> ASGIApp:
                     # Answer now and tell Django the client left: it drops what it spooled and
                     # sends nothing.
                     refused = True
+                    if message.get("more_body", False):
+                        await drain(receive, DRAIN_BYTES)
                     await send_too_large(send, limit)
                     return {"type": "http.disconnect"}
             return message

@@ -180,12 +180,15 @@ def wait_for(condition: Callable[[], bool], *, timeout: float, interval: float =
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
-    """Has the server closed this socket (EOF or reset)? Never blocks (a socket with a timeout
-    would otherwise wait it out first)."""
+    """Has the server closed this socket (EOF or reset)? Reads and drops whatever it sent before
+    (the rest of an earlier response), and never blocks (a socket with a timeout would otherwise
+    wait it out first)."""
     timeout = sock.gettimeout()
     sock.settimeout(0)
     try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
+        while sock.recv(65536):
+            pass
+        return True
     except BlockingIOError:
         return False
     except OSError:
