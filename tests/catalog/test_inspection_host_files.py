@@ -250,7 +250,10 @@ raise RuntimeError("seen " + json.dumps(seen))
 """
     body = failed(publish(owner, "hostile", "look.py", env_with(look, imports="import json, os, sys")))
     seen = json.loads(body["detail"].split("seen ", 1)[1])
-    assert seen["ors"] == ["env", "lib"] and seen["cwd"] == "/ors/env", seen
+    # The package, the platform's code, and the interpreter and site-packages at their neutral paths
+    # (docs/sandbox.md); no work folder of the host's.
+    assert set(seen["ors"]) <= {"env", "lib", "python", "venv"} and "env" in seen["ors"], seen
+    assert seen["cwd"] == "/ors/env", seen
     assert seen["home"] == []  # a private, empty /tmp
     for host_path in (str(tmp_path), str(settings.ORS_PACKAGE_DIR), str(settings.BASE_DIR), tempfile.gettempdir()):
         assert host_path not in body["detail"]
