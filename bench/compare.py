@@ -243,7 +243,9 @@ def platform_command(server: str, port: int) -> list[str]:
     else:
         args = (
             f"-m uvicorn {app} --host 127.0.0.1 --port {port} --no-access-log --log-level warning"
-            " --loop uvloop --http httptools"
+            # As `make run` starts it: the perimeter's protocol (header deadline, connection cap) is
+            # httptools' with its limits on, so the ratios are measured with them.
+            " --loop uvloop --http orsplatform.perimeter.connections:PerimeterHttpToolsProtocol"
         )
     return [sys.executable, *args.split()]
 
