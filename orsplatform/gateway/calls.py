@@ -135,7 +135,8 @@ class CallRunner:
             if outcome.result is None:
                 entry.exception = redact(outcome.exception, live.secrets)
             else:
-                entry.result_json, entry.exception = orjson.dumps(outcome.result).decode(), outcome.exception
+                entry.result_json = orjson.dumps(outcome.result).decode()
+                entry.exception = redact(outcome.exception, live.secrets)
         except Exception as exc:
             entry.exception = f"The platform could not follow the call ({type(exc).__name__})."
         finally:

@@ -67,6 +67,13 @@ KERNEL_ENV = textwrap.dedent(r'''
             ofd = struct.pack("hhqqi4x", fcntl.F_RDLCK, 0, 100, 1, 0)
             out["ofd"] = attempt(lambda: fcntl.fcntl(f, F_OFD_SETLK, ofd))
             out["ofd_get"] = attempt(lambda: fcntl.fcntl(f, F_OFD_GETLK, ofd))
+            # The raw call with high bits set in cmd, which the kernel drops (a 32-bit int).
+            lock = ctypes.create_string_buffer(ofd)
+            for name, cmd in (("raw_ofd_high", (1 << 32) | F_OFD_SETLK), ("raw_setlk_high", (1 << 32) | 6)):
+                ctypes.set_errno(0)
+                got = LIBC.syscall(72, ctypes.c_long(f.fileno()), ctypes.c_long(cmd), lock)
+                out[name] = ({"ok": True, "value": got} if got != -1 else
+                             {"ok": False, "error": "raw fcntl", "errno": ctypes.get_errno()})
         return out
 
 

@@ -83,7 +83,7 @@ async def test_file_locks_on_shared_files_fail_in_every_teams_worker_while_team_
         assert len({id(w) for w in workers_of(sandbox_app, KERNEL)}) == 2
         for person, sid in ((owner, in_a), (outsider, in_m)):
             tried = await probe(sbx, person, sid, "locks")
-            for kind in ("flock", "fcntl", "ofd", "ofd_get"):
+            for kind in ("flock", "fcntl", "ofd", "ofd_get", "raw_ofd_high", "raw_setlk_high"):
                 assert tried[kind]["ok"] is False and tried[kind]["errno"] == errno.ENOSYS, (kind, tried)
             seen = await probe(sbx, person, sid, "proc_locks")
             assert seen["ok"] is False or seen["value"] == "", seen

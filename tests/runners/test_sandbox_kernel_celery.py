@@ -56,7 +56,7 @@ def test_on_a_runner_node_locks_syscalls_memory_and_strays_are_walled_in_while_t
         in_m = open_session(base, outsider, KERNEL)  # ...and in globex's own
         for person, sid in ((owner, in_a), (outsider, in_m)):
             tried = probe(base, person, sid, "locks")
-            for kind in ("flock", "fcntl", "ofd", "ofd_get"):
+            for kind in ("flock", "fcntl", "ofd", "ofd_get", "raw_ofd_high", "raw_setlk_high"):
                 assert tried[kind]["ok"] is False and tried[kind]["errno"] == errno.ENOSYS, (kind, tried)
             assert probe(base, person, sid, "proc_locks")["ok"] is False
         for name in REFUSED:

@@ -93,7 +93,9 @@ def _rules(f, *, locks: bool) -> None:
     if not locks:
         deny("flock", errno.ENOSYS)
         for cmd in LOCK_COMMANDS:
-            deny("fcntl", errno.ENOSYS, sc.Arg(1, sc.EQ, cmd))
+            # The kernel reads fcntl's cmd as a 32-bit int, while the filter sees the whole 64-bit
+            # register: an exact compare would let (1 << 32) | F_SETLK through. Compare the low half.
+            deny("fcntl", errno.ENOSYS, sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, cmd))
 
 
 @functools.cache
