@@ -32,6 +32,7 @@ from typing import IO, Any
 import orjson
 from django.conf import settings
 
+from orsplatform.runners.sandbox.cgroups import WorkerCgroup
 from orsplatform.runners.sandbox.config import SandboxConfig
 from orsplatform.runners.sandbox.inspect import child_command
 from orsplatform.runners.sandbox.pool import runtime_of
@@ -274,6 +275,16 @@ def _scratch(isolated: bool) -> Iterator[Path | None]:
         yield Path(tmp)
 
 
+def _end_cgroup(cgroup: WorkerCgroup, timeout: float = 5.0) -> None:
+    """Kill whatever of the child is left (a setsid-ed grandchild escapes its process group, never
+    its cgroup) and remove the cgroup once the kernel has let its processes go."""
+    deadline = time.monotonic() + timeout
+    cgroup.kill()
+    while not cgroup.remove() and time.monotonic() < deadline:
+        cgroup.kill()
+        time.sleep(0.02)  # polling the kernel's release of the killed processes, with a deadline
+
+
 def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float, results: Results,
               feed: bytes = b"", runtime: str | None = None) -> ChildRun:
     """Run `orsplatform.runners.<module> PACKAGE_DIR ARGS...` on a tenant's package, with `feed`
@@ -285,9 +296,14 @@ def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float
     sandbox = SandboxConfig.from_django(threads=1)
     errors = Tail()
     with _scratch(sandbox.isolated) as scratch:
+        cgroup = None
         if scratch is None:  # the workers' sandbox: no settings, database or /proc of ours
+            # A cgroup of its own, as a worker has: rlimits bind one process each (and
+            # RLIMIT_NPROC not uid 0), so forked children would otherwise add up past the limit.
+            cgroup = WorkerCgroup.create(memory_bytes=memory, processes=sandbox.defaults.processes,
+                                         cpu_weight=sandbox.cpu_weight)
             cmd = child_command(sandbox, module=module, package_dir=package_dir, args=args,
-                                memory_bytes=memory, file_bytes=file_bytes, runtime=runtime)
+                                memory_bytes=memory, file_bytes=file_bytes, runtime=runtime, cgroup=cgroup)
             env, cwd = {"PATH": "/usr/bin:/bin"}, "/"
         else:
             cmd = [f"{runtime}/bin/python" if runtime else sys.executable, "-m", f"orsplatform.runners.{module}",
@@ -303,6 +319,8 @@ def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float
         finally:
             kill_group(proc.pid)
             proc.wait()
+            if cgroup is not None:
+                _end_cgroup(cgroup)
             for stream in (proc.stdout, proc.stderr):
                 stream.close()
             results.close()

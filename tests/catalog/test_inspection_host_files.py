@@ -240,6 +240,35 @@ os._exit(3)
     assert watch.peak < 4 * MiB, watch.peak
 
 
+def test_forked_children_of_validation_share_one_memory_limit(owner, settings):
+    """rlimits bind each process alone: three children of 160 MiB each under a 384 MiB limit all
+    held their memory before validation got a cgroup of its own. Now they are counted together."""
+    settings.ORS_INSPECT_MEMORY_BYTES = 384 * MiB
+    hog = """
+held, pids = 0, []
+for _ in range(3):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(160 * 1024 * 1024)
+        for i in range(0, len(block), 4096):
+            block[i] = 1  # resident, page by page
+        os.write(w, b"y")
+        time.sleep(5)
+        os._exit(0)
+    os.close(w)
+    pids.append((pid, r))
+for pid, r in pids:
+    os.read(r, 1)
+    held += os.waitpid(pid, 0)[1] == 0
+print(f"children held {held}", file=sys.stderr, flush=True)
+os._exit(3)
+"""
+    body = failed(publish(owner, "hostile", "hog.py", env_with(hog, imports="import os, sys, time")))
+    # The kernel killed a child (or the parent) at the shared limit: never all three held on.
+    assert "children held 3" not in body["traceback"], body
+
+
 # --- what the child sees -----------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orsplatform.runners.sandbox.cgroups import WorkerCgroup
 from orsplatform.runners.sandbox.config import Limits, SandboxConfig
 from orsplatform.runners.sandbox.pool import python_of, sandboxed
 
@@ -27,7 +28,8 @@ BOOT = ("import runpy, sys; sys.path.insert(0, '/ors/lib'); "
 
 
 def child_command(config: SandboxConfig, *, module: str, package_dir: Path, args: list[str],
-                  memory_bytes: int, file_bytes: int, runtime: str | None = None) -> list[str]:
+                  memory_bytes: int, file_bytes: int, runtime: str | None = None,
+                  cgroup: WorkerCgroup | None = None) -> list[str]:
     """argv running `orsplatform.runners.<module>` in the sandbox as `<module> PACKAGE <args...>`."""
     empty_init = str(RUNNERS / "__init__.py")  # an empty module, standing in for both packages
     binds = [
@@ -44,4 +46,4 @@ def child_command(config: SandboxConfig, *, module: str, package_dir: Path, args
                     tmp_bytes=min(file_bytes, config.defaults.tmp_bytes))
     argv = [python_of(config, runtime), "-I", "-c", BOOT.format(module=module), PACKAGE, *args]
     env = {"ORS_INSPECT_MEMORY_BYTES": str(memory_bytes), "ORS_INSPECT_FILE_BYTES": str(file_bytes)}
-    return sandboxed(config, limits, binds, argv, env, runtime=runtime, chdir=PACKAGE)
+    return sandboxed(config, limits, binds, argv, env, runtime=runtime, chdir=PACKAGE, cgroup=cgroup)
