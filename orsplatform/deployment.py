@@ -40,7 +40,14 @@ def deployment_problems(environ: Mapping[str, str]) -> list[str]:
                         "string.")
     elif secret_key == DEVELOPMENT_SECRET_KEY:
         problems.append("SECRET_KEY is the public development key: set SECRET_KEY to a long random string.")
-    if environ.get("ORS_AGENT_KEY_SECRET") == DEVELOPMENT_SECRET_KEY:
+    if "*" in (h.strip() for h in hosts):
+        problems.append("ALLOWED_HOSTS is '*', which answers (and echoes into links) any Host header: name the "
+                        "host names this server answers for.")
+    agent_secret = environ.get("ORS_AGENT_KEY_SECRET")
+    if agent_secret is not None and not agent_secret.strip():
+        problems.append("ORS_AGENT_KEY_SECRET is set but empty: set it to a long random string (or unset it "
+                        "to use SECRET_KEY).")
+    if agent_secret == DEVELOPMENT_SECRET_KEY:
         problems.append("ORS_AGENT_KEY_SECRET is the public development key: set it to a long random string "
                         "(or unset it to use SECRET_KEY).")
     return problems

@@ -245,7 +245,7 @@ def fetch_meta(url: str, api_key: str, agent: str) -> dict[str, Any]:
         raise AapError(f"GET /meta failed: {type(exc).__name__}: {_brief(str(exc))}") from None
     try:
         meta = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # too deep: under the caps, still not JSON
         raise AapError("GET /meta did not answer JSON.") from None
     if not isinstance(meta, dict) or meta.get("version") != PROTOCOL_VERSION:
         version = meta.get("version") if isinstance(meta, dict) else None
@@ -395,7 +395,7 @@ class AapClient:
     def _json_turn(self, raw: bytes, on_session: Callable[[str], None] | None = None) -> Turn:
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # too deep: under the caps, still not JSON
             raise AapError(f"Malformed reply: not JSON: {_error_text([raw])}") from None
         told = data.get("sessionId") if isinstance(data, dict) else None
         if on_session is not None and told and isinstance(told, str):
@@ -448,7 +448,7 @@ class AapClient:
             async for sse in events:
                 try:
                     data = json.loads(sse.data) if sse.data else {}
-                except ValueError:
+                except (ValueError, RecursionError):  # too deep: under the caps, still not JSON
                     raise AapError(f"Malformed SSE: {sse.event!r} data is not JSON: {_brief(sse.data)}") from None
                 if not isinstance(data, dict):
                     raise AapError(f"Malformed SSE: {sse.event!r} data is not an object.")

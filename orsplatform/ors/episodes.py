@@ -66,7 +66,7 @@ async def create(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str 
 
 async def ping(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
     sid = require_sid(req)
-    admit_sid(gw, caller, sid)
+    await admit_sid(gw, caller, sid)
     await gw.ping(caller, sid)
     return {"status": "ok"}
 
@@ -83,7 +83,7 @@ async def task_tools(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: 
 
 async def delete(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
     sid = require_sid(req)
-    admit_sid(gw, caller, sid)
+    await admit_sid(gw, caller, sid)
     await gw.end(caller, sid)
     return {"sid": sid}
 

@@ -6,6 +6,7 @@ one only: any other it names (or the default it would fall back to) answers 403.
 from __future__ import annotations
 
 from orsplatform.catalog.selectors import EnvHandle
+from orsplatform.gateway.errors import GatewayError
 from orsplatform.gateway.gateway import ENV_REF_RE, EpisodeGateway
 from orsplatform.gateway.live import LiveSession
 from orsplatform.ors.http import HttpError, Request
@@ -27,14 +28,21 @@ def admitted_session(caller: Caller, live: LiveSession) -> LiveSession:
     return live
 
 
-def admit_sid(gw: EpisodeGateway, caller: Caller, sid: str) -> None:
+async def admit_sid(gw: EpisodeGateway, caller: Caller, sid: str) -> None:
     """For requests that name a session but need not hold it (ping, delete): 403 for a bound key
-    and a session of another environment held here (memory only; a session this gateway does not
-    hold is the gateway's to answer for)."""
-    if caller.environment_id is not None:
-        live = gw.live(caller, sid)
-        if live is not None:
-            admitted_session(caller, live)
+    and a session of another environment. Keys without a binding pay nothing; a bound key's
+    session held by another gateway (shared executors) is looked up, so that no gateway lets a
+    bound key ping or end another environment's session."""
+    if caller.environment_id is None:
+        return
+    live = gw.live(caller, sid)
+    if live is None and gw.executor.shared and sid not in gw.deferred:
+        try:
+            live = await gw.session(caller, sid)
+        except GatewayError:
+            return  # gone or not the caller's: the request itself answers for that
+    if live is not None:
+        admitted_session(caller, live)
 
 
 def host_env(req: Request) -> str | None:

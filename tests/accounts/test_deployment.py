@@ -76,6 +76,13 @@ def test_the_agent_key_secret_may_not_be_the_development_key_either():
     assert "ORS_AGENT_KEY_SECRET is the public development key" in output
 
 
+def test_a_deployment_answering_any_host_or_with_an_empty_agent_key_secret_is_refused():
+    output = refused(manage("check"), SECRET_KEY=REAL_KEY, ALLOWED_HOSTS="*")
+    assert "ALLOWED_HOSTS is '*'" in output
+    output = refused(manage("check"), SECRET_KEY=REAL_KEY, ALLOWED_HOSTS="127.0.0.1", ORS_AGENT_KEY_SECRET="")
+    assert "ORS_AGENT_KEY_SECRET is set but empty" in output
+
+
 def test_the_embedded_default_and_a_complete_deployment_start():
     assert deployment_problems({}) == []
     assert deployment_problems({"SECRET_KEY": REAL_KEY, "ALLOWED_HOSTS": "ors.example.com"}) == []

@@ -6,7 +6,7 @@ send exactly the bytes a hostile agent would (far too many, or one at a time).
 The URL's path picks how GET <prefix>/meta misbehaves: `/meta` answers a valid /meta listing the
 agents below; `/huge/meta` streams a 1 GB JSON document; `/declared/meta` declares a 1 GB
 Content-Length; `/trickle/meta` sends its headers, then a byte every --trickle-seconds;
-`/trickle-head/meta` trickles from the status line on; `/gzip/meta` answers compressed.
+`/trickle-head/meta` trickles from the status line on; `/gzip/meta` answers compressed; `/deep/meta` nests 200,000 arrays.
 
 The agent named in PUT /session picks how its first turn misbehaves: `huge-json` (stream "none": a
 1 GB JSON reply), `huge-sse` (a stream of well-formed 64 KB text deltas, 1 GB in all),
@@ -85,6 +85,9 @@ async def get_meta(writer: asyncio.StreamWriter, prefix: str) -> None:
         await trickle(writer, head("200 OK", "application/json") + body, "trickle-head-meta")
     elif prefix == "/gzip":
         await send(writer, head("200 OK", "application/json", "Content-Encoding: gzip\r\n") + b"\x1f\x8b", "gzip-meta")
+    elif prefix == "/deep":  # 200 KB, under every cap, nested past the JSON parser's recursion limit
+        deep = b"[" * 200_000
+        await send(writer, head("200 OK", "application/json", f"Content-Length: {len(deep)}\r\n") + deep, "deep-meta")
     else:
         await send(writer, head("404 Not Found", "text/plain") + b"no such meta", "404")
 

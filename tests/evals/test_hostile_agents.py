@@ -156,6 +156,7 @@ def test_a_hostile_meta_ends_within_its_cap_or_deadline_and_holds_no_thread(owne
                               "reading it."),
                     ("/declared", "GET /meta was larger than 1 MiB (ORS_EVAL_MAX_META_BYTES); the platform stopped "
                                   "reading it."),
+                    ("/deep", "GET /meta did not answer JSON."),
                     ("/gzip", "GET /meta came compressed (Content-Encoding: gzip); the platform asks for identity and "
                               "does not inflate replies."),
                 ]:
