@@ -117,12 +117,15 @@ async def open_failed_session(client, person, secret: str) -> str:
     return sid
 
 
+# Small frames (parsed) and 16 MiB ones (the flood: past the output cap, under the frame
+# cap, so never read whole but discarded as they come).
+@pytest.mark.parametrize(("n", "size"), [(200, 64 * 1024), (4, 16 * 1024 * 1024)])
 async def test_frames_that_answer_no_request_kill_the_worker_and_only_its_sessions(
-        sbx, owner, outsider, noisy, probe_a):
+        sbx, owner, outsider, noisy, probe_a, n, size):
     with TeamA(sbx, owner, probe_a) as team_a:
         sid = await open_session(sbx, outsider, NOISY)
         sibling = await open_session(sbx, outsider, NOISY)  # the same worker
-        _, error = await call(sbx, outsider, sid, "flood", n=200, size=64 * 1024)
+        _, error = await call(sbx, outsider, sid, "flood", n=n, size=size)
         assert "globex/noisy@1" in error and "answers no request" in error, error
         r = await sbx.get(f"/{NOISY}/prompt", headers=sid_headers(outsider, sibling))
         assert r.status_code == 410 and "answers no request" in r.text
