@@ -249,9 +249,12 @@ class PerimeterHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         perimeter = self.perimeter
         if perimeter.receiving.pop(self, None) is not None and self.cycle is not None \
-                and self.cycle.response_complete and not self.transport.is_closing():
+                and self.cycle.response_complete and not self.transport.is_closing() \
+                and not (self.parser.should_upgrade() and self._should_upgrade()):
             # Answered before its body ended (a 401, a 413): the body's bytes cancelled uvicorn's
             # keep-alive timer, and the connection now waits for a next request like any idle one.
+            # (Not a WebSocket upgrade: its cycle is the previous request's, and the transport
+            # goes to the WebSocket protocol.)
             perimeter.idle[self] = None
             if self.timeout_keep_alive_task is None:
                 self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
@@ -261,6 +264,7 @@ class PerimeterHttpToolsProtocol(HttpToolsProtocol):
     def handle_websocket_upgrade(self) -> None:
         perimeter = self.perimeter
         perimeter.waiting.pop(self, None)
+        perimeter.idle.pop(self, None)
         if not perimeter.admit_upgrade(self.connections):
             self.transport.write(REFUSED_UPGRADE)
             perimeter._close(self)

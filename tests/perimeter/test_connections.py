@@ -186,19 +186,25 @@ def test_a_body_making_progress_or_sent_with_credentials_is_not_shed_but_a_stall
     close_all(keyed + [anonymous, trickle])
 
 
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response with a Content-Length (its head may come before its body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(4096)
+    head, rest = data.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"content-length: (\d+)", head, re.I)[1])
+    while len(rest) < length:
+        rest += sock.recv(4096)
+    return data
+
+
 def test_a_request_that_began_before_the_previous_response_ended_is_not_shed_as_idle(launch, owner):
     proc = launch(ORS_MAX_CONNECTIONS="20", ORS_HEADER_TIMEOUT_SECONDS="60", ORS_BODY_TIMEOUT_SECONDS="60")
     busy = socket.create_connection(address(proc), timeout=10)
     # The next request's first bytes come with the first request: they are parsed before its
     # response is written.
     busy.sendall(b"GET /health HTTP/1.1\r\nHost: ors\r\n\r\nPOST /accounts/login/ HTTP/1.1\r\nHost: ors\r\n")
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += busy.recv(4096)
-    head, rest = data.split(b"\r\n\r\n", 1)
-    length = int(re.search(rb"content-length: (\d+)", head, re.I)[1])
-    while len(rest) < length:
-        rest += busy.recv(4096)
+    assert read_response(busy).startswith(b"HTTP/1.1 200")
     key = owner.headers["X-API-Key"]
     busy.sendall(f"X-API-Key: {key}\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n".encode())
     assert busy.recv(100).startswith(b"HTTP/1.1 100 ")
@@ -208,7 +214,7 @@ def test_a_request_that_began_before_the_previous_response_ended_is_not_shed_as_
     for _ in range(30):
         s = socket.create_connection(address(proc), timeout=10)
         s.sendall(f"GET /health HTTP/1.1\r\nHost: ors\r\nX-API-Key: {key}\r\n\r\n".encode())
-        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        assert read_response(s).startswith(b"HTTP/1.1 200")
         newcomers.append(s)
     assert sum(closed_by_peer(s) for s in newcomers) >= 5
     assert not closed_by_peer(busy), proc.log()
@@ -262,3 +268,19 @@ def test_the_open_files_limit_is_raised_and_a_flood_past_it_leaves_health_answer
     probe.assert_healthy()
     close_all(socks)
     assert "Too many open files" not in proc.log()
+
+
+def test_a_websocket_upgrade_after_a_request_on_the_same_connection_outlives_the_keep_alive_timer(
+        launch, owner, tmp_path):
+    publish_probe_sync(owner.team, tmp_path)
+    proc = launch()
+    with socket.create_connection(address(proc), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: ors\r\n\r\n")
+        assert read_response(s).startswith(b"HTTP/1.1 200")
+        key = owner.headers["X-API-Key"]
+        s.sendall(f"GET /openenv/{PROBE}/ws HTTP/1.1\r\nHost: ors\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                  f"X-API-Key: {key}\r\n\r\n".encode())
+        assert s.recv(4096).startswith(b"HTTP/1.1 101")
+        # uvicorn's keep-alive timer (5 s) must not have been re-armed for the upgraded socket.
+        assert not wait_for(lambda: closed_by_peer(s), timeout=8, interval=0.2), proc.log()
