@@ -228,9 +228,14 @@ ORS_MAX_BODY_BYTES = env_int("ORS_MAX_BODY_BYTES", 10 * 1024 * 1024)
 # than ORS_FD_HEADROOM to its open-files limit, shedding idle ones first. Django paths take bodies of
 # at most ORS_MAX_REQUEST_BYTES (counted as received, below FILE_UPLOAD_MAX_MEMORY_SIZE so nothing
 # is spooled to disk); only a signed-in member's or a team key's upload routes take the upload limits.
+# A request body that makes no progress for ORS_BODY_TIMEOUT_SECONDS is closed (and an anonymous
+# stalled one is shed at the cap). WebSockets are never shed, so a new one is refused once they and
+# requests in flight would leave fewer than ORS_CONNECTION_RESERVE places for everyone else (/health).
 ORS_HEADER_TIMEOUT_SECONDS = env_float("ORS_HEADER_TIMEOUT_SECONDS", 10.0)
+ORS_BODY_TIMEOUT_SECONDS = env_float("ORS_BODY_TIMEOUT_SECONDS", 30.0)
 ORS_MAX_CONNECTIONS = env_int("ORS_MAX_CONNECTIONS", 32768)
 ORS_FD_HEADROOM = env_int("ORS_FD_HEADROOM", 256)
+ORS_CONNECTION_RESERVE = env_int("ORS_CONNECTION_RESERVE", 256)
 ORS_MAX_REQUEST_BYTES = env_int("ORS_MAX_REQUEST_BYTES", 1024 * 1024)
 # On PostgreSQL the hot path's writes run on the event loop (psycopg async), not on a DB thread.
 ORS_PG_ASYNC_WRITES = env_bool("ORS_PG_ASYNC_WRITES", True)

@@ -147,17 +147,20 @@ class OpenEnvFace:
         method, handler = route
         if scope["method"] != method and not (method == "GET" and scope["method"] == "HEAD"):
             raise HttpError(405, f"Method Not Allowed; use {method}.", {"Allow": method})
-        body = b""
-        if method == "POST":
-            body = await read_body(receive, settings.ORS_MAX_BODY_BYTES, headers.get(b"content-length"))
-        payload = _json(body) if op != "mcp" else body
         # Access: opening episodes needs the sessions scope; /mcp decides per method.
         access = Access.SESSIONS if op in ("reset", "step") else Access.CATALOG
+        # The token is in the headers: a caller who may not is refused before any body is read, and
+        # an anonymous one (where the settings allow it) gets the small Django limit.
         try:
             token = extract_token(headers)
             caller = await self.gateway.authorize(token, access)
         except AuthError as exc:
             raise HttpError(exc.status, str(exc)) from None
+        body = b""
+        if method == "POST":
+            limit = settings.ORS_MAX_REQUEST_BYTES if caller.is_anonymous else settings.ORS_MAX_BODY_BYTES
+            body = await read_body(receive, limit, headers.get(b"content-length"))
+        payload = _json(body) if op != "mcp" else body
         env = await self._environment(caller, "/".join(rest))
         if env_name is not None and env_name.lower() != env.slug.lower():
             raise HttpError(404, f"unknown environment {env_name!r}")

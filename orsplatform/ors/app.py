@@ -92,13 +92,16 @@ class OrsApp:
         method, handler, access = route
         if req.method != method and not (method == "GET" and req.method == "HEAD"):
             raise HttpError(405, f"Method not allowed; use {method}.", {"Allow": method})
-        if req.method == "POST":
-            req.body = await read_body(req.receive, settings.ORS_MAX_BODY_BYTES, req.headers.get(b"content-length"))
+        # Who calls is known from the headers: a caller who may not is refused before any body is
+        # read, and an anonymous one (where the settings allow it) gets the small Django limit.
         try:
             token = extract_token(req.headers) if access is not Access.OPEN else None
             caller = await self.gateway.authorize(token, access)
         except AuthError as exc:
             raise HttpError(exc.status, str(exc)) from None
+        if req.method == "POST":
+            limit = settings.ORS_MAX_REQUEST_BYTES if caller.is_anonymous else settings.ORS_MAX_BODY_BYTES
+            req.body = await read_body(req.receive, limit, req.headers.get(b"content-length"))
         result = await handler(self.gateway, req, caller, env_ref)
         if not req.started:
             await send_json(req.send, 200, result)

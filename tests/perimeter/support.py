@@ -3,6 +3,7 @@ beside an attack and records every answer's latency."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import resource
@@ -162,12 +163,18 @@ class HealthProbe:
         self._process.wait(timeout=30)
         self._reader.join(timeout=30)
 
-    def assert_healthy(self, *, under: float = 0.1, at_least: int = 5) -> None:
+    def assert_healthy(self, *, p95_under: float = 0.1, worst_under: float = 2.0, at_least: int = 5) -> None:
+        """Every answer a 200, the 95th percentile under 100 ms and the worst under 2 s: the rule
+        tests/evals' HealthWatch uses, since one scheduler hiccup on a loaded 2-CPU CI machine
+        can delay any single answer."""
         assert not self.errors, self.errors[:5]
         assert len(self.answers) >= at_least, self.answers
         assert all(status == 200 for status, _ in self.answers), self.answers
-        slowest = max(elapsed for _, elapsed in self.answers)
-        assert slowest < under, f"slowest /health took {slowest * 1000:.1f} ms of {len(self.answers)}"
+        latencies = sorted(elapsed for _, elapsed in self.answers)
+        p95 = latencies[min(len(latencies) - 1, math.ceil(0.95 * len(latencies)) - 1)]
+        summary = f"/health p95 {p95 * 1000:.1f} ms, worst {latencies[-1] * 1000:.1f} ms of {len(latencies)}"
+        assert p95 < p95_under, summary
+        assert latencies[-1] < worst_under, summary
 
 
 def wait_for(condition: Callable[[], bool], *, timeout: float, interval: float = 0.05) -> bool:

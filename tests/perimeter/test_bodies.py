@@ -6,6 +6,7 @@ in under 100 ms throughout."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -206,3 +207,46 @@ def test_daphne_answers_413_past_the_small_limit_and_keeps_serving(launch):
         assert r.status_code == 413
         assert wait_for(lambda: httpx.get(f"{proc.url}/accounts/login/").status_code == 200, timeout=10)
     probe.assert_healthy(at_least=1)
+
+
+def answer_to_headers_only(proc, path: str, headers: dict[str, str], length: int) -> tuple[int, dict]:
+    """A POST that announces `length` bytes of body and sends none: only an answer given from the
+    headers comes back (a server reading the body first would wait for it)."""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    with socket.create_connection(address(proc), timeout=30) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: ors\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {length}\r\n{extra}\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+        head, body = data.split(b"\r\n\r\n", 1)
+        size = int(re.search(rb"content-length: (\d+)", head, re.I)[1])
+        while len(body) < size:
+            body += s.recv(65536)
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+@pytest.mark.parametrize("path", ["/create", "/acme/quiz/create", "/openenv/acme/quiz/reset"])
+def test_the_ors_and_openenv_faces_refuse_a_caller_without_a_key_before_reading_its_body(launch, owner, outsider, path):
+    bare_environment(owner.team, "quiz")
+    proc = launch()
+    big = 5 * 1024 * 1024  # under ORS_MAX_BODY_BYTES: only the order of the checks answers it early
+    status, body = answer_to_headers_only(proc, path, {}, big)
+    assert status == 401 and body["detail"]
+    status, body = answer_to_headers_only(proc, path, {"Authorization": "Bearer ors_nope_nope"}, big)
+    assert status == 401 and body["detail"]
+
+
+@pytest.mark.parametrize("path", ["/acme/quiz/tasks", "/openenv/acme/quiz/tasks"])
+def test_anonymous_catalog_reads_get_the_small_body_limit_and_a_key_the_large_one(launch, owner, path):
+    bare_environment(owner.team, "quiz")
+    proc = launch()
+    status, body = answer_to_headers_only(proc, path, {}, SMALL + 1)
+    assert (status, body) == (413, {"detail": f"Request body is larger than {SMALL} bytes."})
+    # A team key's request of the same size is read (and answered for what it says, not its size).
+    r = httpx.post(f"{proc.url}{path}", headers=owner.headers, content=b'{"split": "' + b"x" * SMALL + b'"}',
+                   timeout=60)
+    assert r.status_code != 413 and r.status_code < 500, r.text
+    assert r.json()["detail"]
