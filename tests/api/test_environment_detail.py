@@ -3,40 +3,17 @@ version still building, or failed. 200 with current_version null, never a 500; t
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from orsplatform.catalog import tasks
 from orsplatform.catalog.models import Environment, EnvironmentVersion
-from tests.catalog.support import api, zip_bytes
-
-NEEDS_A_PACKAGE = textwrap.dedent('''
-    from ors import Environment, Split, TextBlock, ToolOutput, tool
-
-
-    class Needy(Environment):
-        @classmethod
-        def list_splits(cls):
-            return [Split(name="train", type="train")]
-
-        @classmethod
-        def list_tasks(cls, split):
-            return [{"n": 1}]
-
-        def get_prompt(self):
-            return [TextBlock(text="n")]
-
-        @tool
-        def done(self) -> ToolOutput:
-            """Finish."""
-            return ToolOutput(blocks=[TextBlock(text="bye")], reward=1.0, finished=True)
-''')
+from tests.api.needy import needy_package
+from tests.catalog.support import api
 
 
 def package(requirement: str) -> bytes:
-    return zip_bytes({"env.py": NEEDS_A_PACKAGE, "requirements.txt": requirement + "\n"})
+    return needy_package(requirement)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ The one property: no answer is a server error."""
 from __future__ import annotations
 
 import os
-import textwrap
 import uuid
 
 import hypothesis
@@ -19,39 +18,14 @@ from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 
 from orsplatform.catalog.models import Environment
-from tests.catalog.support import api, zip_bytes
+from tests.api.needy import needy_package
+from tests.catalog.support import api
 from tests.fixtures.server import start_server
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # A registry no build can reach: a build in the request fails at once, offline.
 UNREACHABLE_INDEX = "https://127.0.0.1:9/simple"
 
-NEEDY_ENV = textwrap.dedent('''
-    from ors import Environment, Split, TextBlock, ToolOutput, tool
-
-
-    class Needy(Environment):
-        @classmethod
-        def list_splits(cls):
-            return [Split(name="train", type="train")]
-
-        @classmethod
-        def list_tasks(cls, split):
-            return [{"n": 1}]
-
-        def get_prompt(self):
-            return [TextBlock(text="n")]
-
-        @tool
-        def done(self) -> ToolOutput:
-            """Finish."""
-            return ToolOutput(blocks=[TextBlock(text="bye")], reward=1.0, finished=True)
-''')
-
-
-def needy_package(flavour: str) -> bytes:
-    """A package with requirements: publishing it queues a build (no worker ever takes it here)."""
-    return zip_bytes({"env.py": NEEDY_ENV + f"\nFLAVOUR = {flavour!r}\n", "requirements.txt": "easydict==1.13\n"})
 
 
 @pytest.fixture
@@ -59,7 +33,7 @@ def broken(owner, settings):
     """acme/broken: its first (and only) build failed."""
     settings.ORS_BUILD_INDEX_URL = UNREACHABLE_INDEX
     r = api(owner).post("/api/v1/environments/acme/broken/versions?wait=1",
-                        {"package": SimpleUploadedFile("broken.zip", needy_package("broken"))})
+                        {"package": SimpleUploadedFile("broken.zip", needy_package(flavour="broken"))})
     assert r.status_code == 400 and r.json()["version"]["status"] == "failed", r.content
     return Environment.objects.get(team=owner.team, slug="broken")
 

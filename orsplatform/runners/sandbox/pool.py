@@ -422,25 +422,26 @@ class Worker:
         if request_id == 0 and self._ready is not None and not self._ready.done():
             self._ready.set_result(None)
             return
-        future = self._pending.pop(request_id, None)
-        if future is None:
-            # Every reply answers a request the supervisor sent (a cancelled one's id stays pending
-            # until its late reply): anything else is a flood, or an attempt to answer for another.
-            self.kill("it sent a message that answers no request")
-            raise _Stop
-        self._overdue.pop(request_id, None)
+        future = self._take(request_id)
         if not future.done():
             future.set_result(message)
 
     def _refuse(self, request_id: int, exc: Exception) -> None:
         """End a pending request with `exc` (its answer was too large to be taken)."""
+        future = self._take(request_id)
+        if not future.done():
+            future.set_exception(exc)
+
+    def _take(self, request_id: int) -> asyncio.Future:
+        """The pending request a reply answers. Every reply answers a request the supervisor sent
+        (a cancelled one's id stays pending until its late reply): anything else is a flood, or an
+        attempt to answer for another, and kills the worker."""
         future = self._pending.pop(request_id, None)
         if future is None:
             self.kill("it sent a message that answers no request")
             raise _Stop
         self._overdue.pop(request_id, None)
-        if not future.done():
-            future.set_exception(exc)
+        return future
 
     def _write(self, frame: bytes, lazy: bool) -> None:
         self._out.append(frame)
