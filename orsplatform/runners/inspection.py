@@ -281,7 +281,7 @@ def _end_cgroup(cgroup: WorkerCgroup, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     cgroup.kill()
     while not cgroup.remove() and time.monotonic() < deadline:
-        cgroup.kill()
+        cgroup.kill()  # what is left (remove() drops the hierarchies it could remove)
         time.sleep(0.02)  # polling the kernel's release of the killed processes, with a deadline
 
 

@@ -241,9 +241,11 @@ class WorkerCgroup:
         return self.paths["unified" if self.version == 2 else "pids"]
 
     def pids(self) -> list[int]:
+        # A remove() that got part way has dropped the main hierarchy's path: its rmdir succeeded,
+        # so no process is left in any of them.
         try:
             return [int(p) for p in (self._main() / "cgroup.procs").read_text().split()]
-        except (OSError, ValueError):
+        except (OSError, ValueError, KeyError):
             return []
 
     def read(self, controller: str, name: str) -> str:
@@ -253,7 +255,7 @@ class WorkerCgroup:
         """How many processes of the worker the kernel killed for the memory limit."""
         try:
             text = self.read("memory", "memory.events" if self.version == 2 else "memory.oom_control")
-        except OSError:
+        except (OSError, KeyError):  # KeyError: removed
             return 0
         for line in text.splitlines():
             key, _, value = line.partition(" ")
@@ -264,7 +266,7 @@ class WorkerCgroup:
     def kill(self) -> None:
         """SIGKILL every process in the cgroup (from outside the sandbox)."""
         if self.version == 2:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, KeyError):
                 (self.paths["unified"] / "cgroup.kill").write_text("1")
                 return
         for pid in self.pids():
