@@ -16,9 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from tests.fixtures.server import ROOT, ServerProcess, database_url, free_port
+from tests.fixtures.server import ROOT, ServerProcess, database_url, free_port, wait_ready
 
 PROTOCOL = "orsplatform.perimeter.connections:PerimeterHttpToolsProtocol"
 
@@ -59,19 +57,7 @@ def start(tmp_path: Path, *, server: str = "make-run", nofile: tuple[int, int] |
     log_path = tmp_path / f"{server}-{port}.log"
     process = subprocess.Popen(cmd, cwd=ROOT, env=environ, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
                                preexec_fn=limits)
-    proc = ServerProcess(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{proc.log()}")
-        try:
-            if httpx.get(f"{proc.url}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)  # polling interval while waiting on the readiness condition
-    proc.stop()
-    raise RuntimeError(f"server did not become ready:\n{proc.log()}")
+    return wait_ready(ServerProcess(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path), 60)
 
 
 def address(proc: ServerProcess) -> tuple[str, int]:
