@@ -301,7 +301,8 @@ def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float
             # A cgroup of its own, as a worker has: rlimits bind one process each (and
             # RLIMIT_NPROC not uid 0), so forked children would otherwise add up past the limit.
             cgroup = WorkerCgroup.create(memory_bytes=memory, processes=sandbox.defaults.processes,
-                                         cpu_weight=sandbox.cpu_weight)
+                                         cpu_weight=sandbox.cpu_weight,
+                                         total_cpu_weight=sandbox.total_cpu_weight)
             cmd = child_command(sandbox, module=module, package_dir=package_dir, args=args,
                                 memory_bytes=memory, file_bytes=file_bytes, runtime=runtime, cgroup=cgroup)
             env, cwd = {"PATH": "/usr/bin:/bin"}, "/"

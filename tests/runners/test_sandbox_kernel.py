@@ -155,10 +155,13 @@ async def test_each_worker_has_its_own_cgroup_with_memory_pids_and_cpu_weight_re
         assert worker.proc.pid in members and len(members) >= 3  # bubblewrap, its init, the worker
         if group.version == 1:
             assert int(group.read("cpu", "cpu.shares")) == 512
+            # All workers together weigh a quarter of one platform process (ORS_SANDBOX_TOTAL_CPU_WEIGHT).
+            assert int((group.paths["cpu"].parent / "cpu.shares").read_text()) == 256
             assert int(group.read("memory", "memory.limit_in_bytes")) == 1024 * MiB
             assert int(group.read("pids", "pids.max")) == config.defaults.processes
         else:
             assert int(group.read("cpu", "cpu.weight")) == 50
+            assert int((group.paths["unified"].parent / "cpu.weight").read_text()) == 25
             assert int(group.read("memory", "memory.max")) == 1024 * MiB
         paths = list(group.paths.values())
         await executor.stop("k1")

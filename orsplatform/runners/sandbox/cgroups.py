@@ -11,7 +11,9 @@ forks, tmpfs pages it writes (/tmp, /dev/shm) included:
   sessions end with that reason;
 - pids: ``pids.max`` (v1 and v2);
 - cpu: ``cpu.weight`` (v2) / ``cpu.shares`` (v1), the same for every worker, so a tenant that
-  starts many busy processes still gets one worker's share of the CPU;
+  starts many busy processes still gets one worker's share of the CPU; all workers together (their
+  parent) weigh less than one platform process, so the supervisor serving every team runs first
+  (``weigh_all``);
 - killing from outside: the supervisor kills what is in the cgroup (v2 ``cgroup.kill`` where the
   kernel has it), never trusting code inside the sandbox to do it.
 
@@ -141,16 +143,12 @@ def layout() -> _Layout | None:
             parents = {c: _make_parent(v1[c], own.get(c, "/")) for c in V1_CONTROLLERS}
             if all(parents.values()):
                 _remove_orphans(parents.values())  # type: ignore[arg-type]
-                with contextlib.suppress(OSError):
-                    (parents["cpu"] / "cpu.shares").write_text(str(1024 * _cpus()))  # type: ignore[operator]
                 return _Layout(1, parents)  # type: ignore[arg-type]
             why = "the cgroup v1 hierarchies are not writable"
         elif v2 is not None:
             parent = _v2_parent(v2, own.get("", "/"))
             if parent is not None:
                 _remove_orphans([parent])
-                with contextlib.suppress(OSError):
-                    (parent / "cpu.weight").write_text(str(min(10000, 100 * _cpus())))
                 return _Layout(2, {"unified": parent})
             why = "this process's cgroup v2 is not delegated to it with the memory, pids and cpu controllers"
         else:
@@ -160,12 +158,26 @@ def layout() -> _Layout | None:
     return None
 
 
-def _cpus() -> int:
-    """The weight of all workers together, in busy processes: one per CPU. The workers' parent
-    group competes with the supervisor and the host's other processes as one entity, so at the
-    weight of one process it would squeeze every worker into one CPU's worth under contention;
-    within it, every worker weighs the same."""
-    return max(1, len(os.sched_getaffinity(0)))
+def weigh_all(total_cpu_weight: int) -> None:
+    """Give the workers' parent cgroup its CPU weight (v2 scale; v1 shares = weight * 1024 / 100).
+
+    The parent competes as one entity with the supervisor (the gateway or runner node, weight 100
+    like any process) and the host's other processes. Below one process's weight (default 25) the
+    supervisor runs first when tenants' workers keep every CPU busy: its event loop serves every
+    team's calls, so a burn that delayed it would slow every team (bench/tenant_noise.py measured
+    the quiet team's p50 x1.6-1.8 at one process's weight per CPU, x1.0-1.2 at 25). Weights bind only
+    under contention: workers still get every CPU the platform leaves idle. Written at every
+    worker's start (one small write), not once: the parent is shared by every supervisor on the
+    host, and the last one started must not leave it at another weight for good."""
+    lay = layout()
+    if lay is None:
+        return
+    weight = max(1, min(10000, total_cpu_weight))
+    with contextlib.suppress(OSError):
+        if lay.version == 2:
+            (lay.parents["unified"] / "cpu.weight").write_text(str(weight))
+        else:
+            (lay.parents["cpu"] / "cpu.shares").write_text(str(max(2, weight * 1024 // 100)))
 
 
 def _remove_orphans(parents) -> None:
@@ -199,10 +211,12 @@ class WorkerCgroup:
         self.paths = paths
 
     @classmethod
-    def create(cls, *, memory_bytes: int, processes: int, cpu_weight: int) -> WorkerCgroup | None:
+    def create(cls, *, memory_bytes: int, processes: int, cpu_weight: int,
+               total_cpu_weight: int = 25) -> WorkerCgroup | None:
         lay = layout()
         if lay is None:
             return None
+        weigh_all(total_cpu_weight)
         name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # the supervisor's pid: see _remove_orphans
         paths = {c: parent / name for c, parent in lay.parents.items()}
         group = cls(lay, paths)

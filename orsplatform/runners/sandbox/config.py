@@ -39,6 +39,11 @@ DEFAULTS: dict[str, Any] = {
     # Each worker's CPU weight in its cgroup (cgroup v2 cpu.weight scale, 1-10000; v1 cpu.shares is
     # weight * 1024 / 100): the same for every worker, so CPU is shared per worker, not per process.
     "ORS_SANDBOX_CPU_WEIGHT": 100,
+    # The weight of all workers together (their parent cgroup, same scale) against the platform's own
+    # processes, which weigh 100 each: under contention the gateway or runner that serves every team
+    # runs first, so one tenant's burn cannot slow another team's calls through it (docs/sandbox.md;
+    # bench/tenant_noise.py). Idle CPU is never withheld: weights only count under contention.
+    "ORS_SANDBOX_TOTAL_CPU_WEIGHT": 25,
 }
 
 
@@ -84,6 +89,7 @@ class SandboxConfig:
     maxima: Limits = Limits(4096 * MiB, 24 * 3600, 1024, 8192, 4096 * MiB)
     python: str = sys.executable
     cpu_weight: int = 100
+    total_cpu_weight: int = 25
 
     @classmethod
     def from_values(cls, get, *, threads: int) -> SandboxConfig:
@@ -95,6 +101,7 @@ class SandboxConfig:
             max_workers_per_key=get("ORS_SANDBOX_MAX_WORKERS_PER_KEY"),
             idle_seconds=get("ORS_SANDBOX_IDLE_SECONDS"), grace_seconds=get("ORS_SANDBOX_GRACE_SECONDS"),
             start_seconds=get("ORS_SANDBOX_START_SECONDS"), cpu_weight=get("ORS_SANDBOX_CPU_WEIGHT"),
+            total_cpu_weight=get("ORS_SANDBOX_TOTAL_CPU_WEIGHT"),
             defaults=Limits(get("ORS_SANDBOX_MEMORY_MB") * MiB, get("ORS_SANDBOX_CPU_SECONDS"),
                             get("ORS_SANDBOX_PROCESSES"), get("ORS_SANDBOX_OPEN_FILES"), get("ORS_SANDBOX_TMP_MB") * MiB),
             maxima=Limits(get("ORS_SANDBOX_MAX_MEMORY_MB") * MiB, get("ORS_SANDBOX_MAX_CPU_SECONDS"),

@@ -353,7 +353,8 @@ class Worker:
         self._limits = limits
         if self.config.isolated:
             self._cgroup = WorkerCgroup.create(memory_bytes=limits.memory_bytes, processes=limits.processes,
-                                               cpu_weight=self.config.cpu_weight)
+                                               cpu_weight=self.config.cpu_weight,
+                                               total_cpu_weight=self.config.total_cpu_weight)
         # A fixed PATH: the host's (a virtualenv's bin, a checkout) would show in the sandbox
         # init's /proc/1/environ.
         path = "/usr/local/bin:/usr/bin:/bin" if self.config.isolated else os.environ.get("PATH", "/usr/bin:/bin")
