@@ -9,9 +9,10 @@ closed-loop episodes of `count` calls throughout; the noisy team, in turn,
   (b) floods its channel with 16 MiB frames that answer no request (`flood`; each kills its worker,
       so it opens a fresh session, and worker, for the next),
   (c) returns 48 MiB outputs (`huge`, over ORS_MAX_TOOL_OUTPUT_BYTES).
-Each case is measured as a quiet window followed by a noisy window of the same length, so every
-ratio (the quiet team's call p50 under noise / its p50 just before) compares like with like on a
-machine whose load may drift; the load average is printed beside each figure.
+Each case is measured as `--rounds` pairs of a quiet window followed by a noisy window of the same
+length, the latencies of each condition pooled over the rounds, so every ratio (the quiet team's
+call p50 under noise / its p50 without) compares like with like on a machine whose load may drift;
+each round's own ratio and the load average are printed beside each figure.
 """
 
 from __future__ import annotations
@@ -112,39 +113,54 @@ def p50_ms(values: list[float]) -> float:
 
 
 async def measure(quiet: Team, noisy: Team, case: str, duration: float, quiet_workers: int,
-                  noisy_workers: int, gateway_pid: int) -> dict:
+                  noisy_workers: int, gateway_pid: int, rounds: int) -> dict:
+    """`rounds` pairs of windows, quiet then noisy, the quiet team's loops running throughout; the
+    latencies of each condition are pooled over the rounds, so a drift in the machine's load
+    during the run falls on both sides alike."""
     latencies: list[float] = []
     errors: list[str] = []
     stop = asyncio.Event()
     workers = [asyncio.create_task(quiet_loop(quiet, latencies, stop, errors)) for _ in range(quiet_workers)]
     await asyncio.sleep(2.0)  # warm-up: sessions open, workers started
-    latencies.clear()
-    cpu_start = process_cpu_seconds(gateway_pid)
-    await asyncio.sleep(duration)
-    cpu_calm = process_cpu_seconds(gateway_pid) - cpu_start
-    calm = list(latencies)
+    calm: list[float] = []
+    loud: list[float] = []
+    cpu_calm = cpu_loud = 0.0
+    counts: dict[str, int] = {}
+    per_round: list[float] = []
     calm_load = os.getloadavg()[0]
-    latencies.clear()
-    noise_stop, counts = asyncio.Event(), {}
-    noise = [asyncio.create_task(noise_loop(noisy, case, noise_stop, counts)) for _ in range(noisy_workers)]
-    cpu_start = process_cpu_seconds(gateway_pid)
-    await asyncio.sleep(duration)
-    cpu_loud = process_cpu_seconds(gateway_pid) - cpu_start
-    loud = list(latencies)
-    noise_stop.set()
+    for _ in range(rounds):
+        latencies.clear()
+        cpu_start = process_cpu_seconds(gateway_pid)
+        await asyncio.sleep(duration)
+        cpu_calm += process_cpu_seconds(gateway_pid) - cpu_start
+        round_calm = list(latencies)
+        latencies.clear()
+        noise_stop = asyncio.Event()
+        noise = [asyncio.create_task(noise_loop(noisy, case, noise_stop, counts)) for _ in range(noisy_workers)]
+        cpu_start = process_cpu_seconds(gateway_pid)
+        await asyncio.sleep(duration)
+        cpu_loud += process_cpu_seconds(gateway_pid) - cpu_start
+        round_loud = list(latencies)
+        noise_stop.set()
+        await asyncio.wait(noise, timeout=120)
+        calm += round_calm
+        loud += round_loud
+        per_round.append(round(p50_ms(round_loud) / p50_ms(round_calm), 2))
     stop.set()
-    await asyncio.wait([*workers, *noise], timeout=120)
+    await asyncio.wait(workers, timeout=120)
+    seconds = duration * rounds
     result = {"case": case, "quiet_p50_ms": p50_ms(calm), "noisy_p50_ms": p50_ms(loud),
-              "ratio": p50_ms(loud) / p50_ms(calm), "quiet_calls": len(calm), "noisy_calls": len(loud),
+              "ratio": p50_ms(loud) / p50_ms(calm), "ratio_per_round": per_round,
+              "quiet_calls": len(calm), "noisy_calls": len(loud),
               "noise_actions": counts.get(case, 0), "errors": len(errors),
-              # The gateway process's own CPU share (its sandbox workers excluded) in each window.
-              "gateway_cpu_quiet": round(cpu_calm / duration, 3), "gateway_cpu_noisy": round(cpu_loud / duration, 3),
+              # The gateway process's own CPU share (its sandbox workers excluded) in each condition.
+              "gateway_cpu_quiet": round(cpu_calm / seconds, 3), "gateway_cpu_noisy": round(cpu_loud / seconds, 3),
               "loadavg_before": round(calm_load, 2), "loadavg_after": round(os.getloadavg()[0], 2)}
     print(f"{case:6s} quiet p50 {result['quiet_p50_ms']:7.2f} ms  under noise {result['noisy_p50_ms']:7.2f} ms  "
-          f"ratio {result['ratio']:5.2f}  ({len(calm)}/{len(loud)} calls, {result['noise_actions']} noisy "
-          f"actions, {len(errors)} wrong answers, gateway CPU {result['gateway_cpu_quiet']:.2f} -> "
-          f"{result['gateway_cpu_noisy']:.2f}, load {calm_load:.2f} -> {result['loadavg_after']:.2f})",
-          flush=True)
+          f"ratio {result['ratio']:5.2f} (rounds {per_round})  ({len(calm)}/{len(loud)} calls, "
+          f"{result['noise_actions']} noisy actions, {len(errors)} wrong answers, gateway CPU "
+          f"{result['gateway_cpu_quiet']:.2f} -> {result['gateway_cpu_noisy']:.2f}, load {calm_load:.2f} -> "
+          f"{result['loadavg_after']:.2f})", flush=True)
     return result
 
 
@@ -153,12 +169,13 @@ async def run(base_url: str, tokens: dict[str, str], args: argparse.Namespace, g
                                  limits=httpx.Limits(max_connections=64)) as client:
         quiet, noisy = Team(client, "quiet", tokens["quiet"]), Team(client, "noisy", tokens["noisy"])
         return [await measure(quiet, noisy, case, args.duration, args.quiet_workers, args.noisy_workers,
-                              gateway_pid) for case in args.cases]
+                              gateway_pid, args.rounds) for case in args.cases]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of each quiet and noisy window")
+    parser.add_argument("--rounds", type=int, default=3, help="pairs of quiet and noisy windows per case")
     parser.add_argument("--quiet-workers", type=int, default=4)
     parser.add_argument("--noisy-workers", type=int, default=2)
     parser.add_argument("--cases", nargs="+", default=["burn", "flood", "huge"], choices=["burn", "flood", "huge"])
