@@ -23,6 +23,13 @@ from tests.e2e.conftest import openreward_at  # noqa: F401  (the fixture pointin
 from tests.e2e.helpers import wait_for
 
 
+def body_of(response) -> bytes:
+    """A Django test response's bytes, streamed ones (exports) included."""
+    if getattr(response, "streaming", False):
+        return b"".join(response.streaming_content)
+    return response.content
+
+
 def test_the_ors_client_never_reads_an_answer_yet_scores_by_task_object_and_by_split_and_index(server, owner,
                                                                                                outsider):
     publish_vault(owner)
@@ -179,14 +186,14 @@ def test_no_response_a_non_owner_can_obtain_carries_a_hidden_value(server, owner
     for who, browser in browsers.items():
         for path in pages:
             r = browser.get(path)
-            seen.append((f"{who} {path}", r.status_code, r.content))
+            seen.append((f"{who} {path}", r.status_code, body_of(r)))
         sealed = browser.get("/environments/acme/vault/tasks/test/0/")
         assert sealed.status_code == 403 and b"is sealed" in sealed.content
     web = login(outsider)
     for path in ["/analytics/globex/", "/analytics/globex/environments/acme/vault/", "/analytics/globex/sessions/",
                  "/analytics/globex/export.jsonl", "/analytics/globex/export.parquet", "/aap/globex/"]:
         r = web.get(path)
-        seen.append((f"outsider {path}", r.status_code, r.content))
+        seen.append((f"outsider {path}", r.status_code, body_of(r)))
     for sid in sids["charlie"]:
         r = web.get(f"/analytics/globex/sessions/{sid}/")
         assert r.status_code == 200
