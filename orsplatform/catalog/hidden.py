@@ -25,7 +25,12 @@ def redact(spec: Any, hidden: frozenset[str]) -> Any:
     without hidden fields pays one truthiness test per task."""
     if not hidden or not isinstance(spec, dict) or hidden.isdisjoint(spec):
         return spec
-    return {k: v for k, v in spec.items() if k not in hidden}
+    # A C-level copy and a pop per hidden key: several times cheaper than a comprehension over
+    # every key (task_range redacts up to ORS_MAX_LIST_TASKS tasks per request).
+    public = spec.copy()
+    for key in hidden:
+        public.pop(key, None)
+    return public
 
 
 def digest(spec: Any, hidden: frozenset[str]) -> int:
