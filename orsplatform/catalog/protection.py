@@ -11,6 +11,8 @@ from orsplatform.catalog.hidden import digest, normalize_fields
 from orsplatform.catalog.models import Environment, Split, Task, TaskDigest
 
 DIGEST_BATCH = 2000
+MAX_HIDDEN_FIELDS = 100
+MAX_FIELD_NAME = 200
 
 
 class ProtectionError(ValueError):
@@ -44,6 +46,10 @@ def split_protection_set(*, split: Split, hidden_fields: Any = None, sealed: boo
     if hidden_fields is not None and (not isinstance(hidden_fields, list)
                                       or not all(isinstance(f, str) for f in hidden_fields)):
         raise ProtectionError("hidden_fields must be a list of field names.")
+    if hidden_fields is not None and (len(hidden_fields) > MAX_HIDDEN_FIELDS or any(
+            len(f) > MAX_FIELD_NAME or not f.isprintable() for f in hidden_fields)):
+        raise ProtectionError(f"hidden_fields takes at most {MAX_HIDDEN_FIELDS} printable field names of at most "
+                              f"{MAX_FIELD_NAME} characters.")
     if sealed is not None and not isinstance(sealed, bool):
         raise ProtectionError("sealed must be true or false.")
     with transaction.atomic():
