@@ -39,8 +39,9 @@ def test_the_rest_api_sets_a_splits_hidden_fields_and_seal_for_its_owner_only(ow
     bad = api(owner).patch(path, {"hidden_fields": "answer"}, content_type="application/json")
     assert bad.status_code == 400 and "hidden_fields" in bad.json()["detail"]
     assert api(owner).patch(path + "x", {"sealed": False}, content_type="application/json").status_code == 404
-    # Reading the setting is catalog access, like the split list.
-    assert api(outsider).get(path).json() == {"name": "test", "type": "test", "num_tasks": 3, "revision": 2,
+    # Reading the setting is catalog access, like the split list (a private environment: its team's).
+    assert api(outsider).get(path).status_code == 404
+    assert api(member).get(path).json() == {"name": "test", "type": "test", "num_tasks": 3, "revision": 2,
                                               "hidden_fields": ["answer"], "sealed": True}
     assert Split.objects.get(name="test", environment__slug="quiz").sealed is True
 
@@ -48,9 +49,10 @@ def test_the_rest_api_sets_a_splits_hidden_fields_and_seal_for_its_owner_only(ow
 def test_the_console_sets_them_for_publishers_and_refuses_viewers(owner, viewer, outsider):
     _quiz(owner)
     url = "/console/acme/environments/quiz/splits/test/protection"
-    r = login(owner).post(url, {"hidden_fields": "answer, notes", "sealed": "on"})
+    browser = login(owner)
+    r = browser.post(url, {"hidden_fields": "answer, notes", "sealed": "on"})
     assert r.status_code == 302
-    page = login(owner).get(r["Location"]).content.decode()
+    page = browser.get(r["Location"]).content.decode()
     assert "hidden fields answer, notes; sealed" in page
     split = Split.objects.get(name="test", environment__slug="quiz")
     assert (split.hidden_fields, split.sealed) == (["answer", "notes"], True)
