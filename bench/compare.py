@@ -56,6 +56,9 @@ class LoadConfig:
     warmup: float
     task_mode: str
     answer: str
+    # Task fields the platform hides on every split of the environment (docs/hidden-tasks.md): the
+    # filter on task reads and, with --task-mode spec, the rehydration of every /create are measured.
+    hidden_fields: tuple[str, ...] = ()
 
 
 def free_port() -> int:
@@ -250,10 +253,20 @@ def platform_command(server: str, port: int) -> list[str]:
     return [sys.executable, *args.split()]
 
 
-def prepare_platform(env: dict[str, str]) -> str:
+HIDE_FIELDS = """
+from orsplatform.catalog.models import Split
+from orsplatform.catalog.protection import split_protection_set
+for split in Split.objects.filter(environment__team__slug="builtin", environment__slug={env!r}):
+    split_protection_set(split=split, hidden_fields={fields!r})
+"""
+
+
+def prepare_platform(env: dict[str, str], load: LoadConfig | None = None) -> str:
     """Migrate, publish envs/*, mint an API key; returns the key (last stdout line of create_api_key)."""
     manage(["migrate", "--noinput"], env)
     manage(["publish_envs"], env)
+    if load is not None and load.hidden_fields:
+        manage(["shell", "-c", HIDE_FIELDS.format(env=load.env, fields=list(load.hidden_fields))], env)
     lines = manage(["create_api_key", "builtin", "bench"], env, timeout=60).strip().splitlines()
     if not lines:
         raise SetupError("create_api_key printed nothing")
@@ -264,7 +277,7 @@ def bench_platform(
     server: str, database_url: str, load: LoadConfig, workdir: Path, startup_timeout: float
 ) -> dict[str, Any]:
     env = platform_env(database_url)
-    api_key = prepare_platform(env)
+    api_key = prepare_platform(env, load)
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     with server_process(
@@ -335,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds per server")
     parser.add_argument("--task-mode", choices=("index", "spec"), default="index")
     parser.add_argument("--answer", choices=("correct", "wrong"), default="correct")
+    parser.add_argument("--hide-fields", default="", help="comma-separated task fields the platform hides "
+                        "(e.g. answer; then --answer wrong, since clients no longer read the answer)")
     parser.add_argument(
         "--server", choices=("uvicorn", "daphne"), default="uvicorn", help="ASGI server for the platform"
     )
@@ -402,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=args.warmup,
         task_mode=args.task_mode,
         answer=args.answer,
+        hidden_fields=tuple(f.strip() for f in args.hide_fields.split(",") if f.strip()),
     )
     script = args.reference_script or ROOT / "envs" / args.env / "env.py"
 

@@ -50,6 +50,7 @@ def export_record(session: Session, calls: list[ToolCall]) -> dict[str, Any]:
         "version": session.version.number,
         "split": session.split,
         "task_index": session.task_index,
+        "sealed": session.sealed,
         "task_spec": session.task_spec,
         "prompt": session.prompt,
         "status": session.status,
@@ -140,7 +141,7 @@ def parquet_schema():
     ])
     return pa.schema([
         ("sid", pa.string()), ("environment", pa.string()), ("version", pa.int32()), ("split", pa.string()),
-        ("task_index", pa.int64()), ("task_spec", pa.string()), ("prompt", pa.string()), ("status", pa.string()),
+        ("task_index", pa.int64()), ("sealed", pa.bool_()), ("task_spec", pa.string()), ("prompt", pa.string()), ("status", pa.string()),
         ("protocol", pa.string()), ("api_key", pa.string()), ("created_at", ts), ("ended_at", ts), ("total_reward", pa.float64()),
         ("finished", pa.bool_()), ("num_calls", pa.int64()), ("calls", pa.list_(call)),
     ])

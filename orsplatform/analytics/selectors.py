@@ -28,6 +28,7 @@ from django.utils import timezone
 from orsplatform.analytics import latency
 from orsplatform.analytics.filters import SessionFilters, Window, environment_q, outcome_of, sort_order
 from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
+from orsplatform.catalog.hidden import redact
 from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
 from orsplatform.catalog.selectors import task_text
 from orsplatform.episodes.models import Session, ToolCall
@@ -411,7 +412,7 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
     hardest = list(tasks.order_by(*order)[:min(TASKS_LISTED, math.ceil(task_count / 2))])
     easiest = list(tasks.order_by(*(o[1:] if o.startswith("-") else "-" + o for o in order))[
         :min(TASKS_LISTED, task_count // 2)])
-    _add_task_text(environment, scored, hardest + easiest)
+    _add_task_text(environment, scored, hardest + easiest, owner_team_id=team.id)
 
     summary = total.summary()
     return {
@@ -443,15 +444,22 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
     }
 
 
-def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: list[dict[str, Any]]) -> None:
+def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: list[dict[str, Any]],
+                   owner_team_id: int | None = None) -> None:
     """Each listed task's text: from the catalog's task row, else from a session that ran it (a split
     replaced since keeps its old sessions' specs)."""
     if not rows:
         return
     # Per split an index list, so each lookup is a probe of the (split, index) unique index; an OR of
     # (name, index) pairs across a join makes PostgreSQL scan the split's million tasks.
-    split_ids = dict(Split.objects.filter(environment=environment, name__in={r["split"] for r in rows})
-                     .values_list("name", "id"))
+    split_rows = list(Split.objects.filter(environment=environment, name__in={r["split"] for r in rows})
+                      .values_list("name", "id", "hidden_fields", "sealed"))
+    split_ids = {name: split_id for name, split_id, _, _ in split_rows}
+    # Another team's view of the environment: hidden fields dropped, sealed splits' tasks untold
+    # (docs/hidden-tasks.md); the sessions' own copies are stored redacted already.
+    foreign = owner_team_id is None or owner_team_id != environment.team_id
+    hiding = {name: frozenset(fields or ()) for name, _, fields, _ in split_rows} if foreign else {}
+    sealed = {name for name, _, _, is_sealed in split_rows if is_sealed} if foreign else set()
     wanted = Q(pk__in=[])
     for name, split_id in split_ids.items():
         wanted |= Q(split_id=split_id, index__in=[r["task_index"] for r in rows if r["split"] == name])
@@ -463,7 +471,10 @@ def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: 
         if spec is None:
             spec = (sessions.filter(split=r["split"], task_index=r["task_index"])
                     .values_list("task_spec", flat=True).first())
-        r["task_text"] = task_text(spec) if spec is not None else ""
+        if r["split"] in sealed:
+            r["task_text"] = "(sealed split)"
+            continue
+        r["task_text"] = task_text(redact(spec, hiding.get(r["split"], frozenset()))) if spec is not None else ""
 
 
 def environment_for_report(*, team: Team, env_team: str, env_slug: str) -> Environment | None:
@@ -506,6 +517,7 @@ def session_row(session: Session, live: dict[str, Any] | None = None) -> dict[st
         "outcome": outcome_of(session.status, session.finished),
         "split": session.split,
         "task_index": session.task_index,
+        "sealed": session.sealed,
         "created_at": session.created_at,
         "ended_at": session.ended_at,
         "duration_s": max(0.0, (end - session.created_at).total_seconds()) if end else None,

@@ -233,8 +233,9 @@ class LeaderboardView(APIView):
         if not split:
             raise ValidationError({"detail": "split is required."})
         rows = selectors.leaderboard(team=team_obj, environment_id=environment.id, split=split)
-        return Response({"environment": f"{team}/{slug}", "split": split, "rows": [
+        sealed = selectors.split_is_sealed(environment_id=environment.id, split=split)
+        return Response({"environment": f"{team}/{slug}", "split": split, "sealed": sealed, "rows": [
             {"run": r["run"].id, "agent": r["agent"], "version": r["version"], "episodes": r["done"],
              "pass_rate": r["pass_rate"], "pass_rate_interval": r["pass_rate_interval"],
              "mean_reward": r["mean_reward"], "mean_reward_interval": r["mean_reward_interval"],
-             "date": r["run"].created_at} for r in rows]})
+             "date": r["run"].created_at, "sealed": sealed} for r in rows]})

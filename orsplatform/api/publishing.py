@@ -12,17 +12,18 @@ from django.http import Http404
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from orsplatform.api.auth import CatalogAccess, authorize_request, caller_of
-from orsplatform.catalog import selectors
+from orsplatform.catalog import hidden, selectors
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split
 from orsplatform.catalog.packages import remove_quietly, save_upload
+from orsplatform.catalog.protection import ProtectionError, split_protection_set
 from orsplatform.catalog.services import (
     PublishError,
     UploadTooLarge,
@@ -90,6 +91,15 @@ class SplitStateSerializer(serializers.Serializer):
     type = serializers.CharField()
     num_tasks = serializers.IntegerField()
     revision = serializers.IntegerField()
+    hidden_fields = serializers.ListField(child=serializers.CharField(), help_text=(
+        "Top-level task fields only the environment's code sees (docs/hidden-tasks.md)."))
+    sealed = serializers.BooleanField(help_text="Task specs readable only with the owning team's publish keys.")
+
+
+class SplitProtectionSerializer(serializers.Serializer):
+    hidden_fields = serializers.ListField(child=serializers.CharField(max_length=200), max_length=100,
+                                          required=False)
+    sealed = serializers.BooleanField(required=False)
 
 
 class IndexedTaskSerializer(serializers.Serializer):
@@ -291,6 +301,36 @@ class SplitListView(APIView):
         return Response(SplitStateSerializer(selectors.splits_of(environment=environment), many=True).data)
 
 
+class SplitDetailView(APIView):
+    """One split's protection: hidden task fields and sealing (docs/hidden-tasks.md)."""
+
+    permission_classes = [PublishAccess]
+
+    @extend_schema(responses=SplitStateSerializer)
+    def get(self, request, team: str, slug: str, split: str):
+        environment = _visible_environment(request, team, slug)
+        found = selectors.split_of(environment=environment, name=split)
+        if found is None:
+            raise Http404("Split not found.")
+        return Response(SplitStateSerializer(found).data)
+
+    @extend_schema(request=SplitProtectionSerializer, responses=SplitStateSerializer)
+    def patch(self, request, team: str, slug: str, split: str):
+        environment = _own_environment(request, team, slug)
+        found = selectors.split_of(environment=environment, name=split)
+        if found is None:
+            raise Http404("Split not found.")
+        body = SplitProtectionSerializer(data=request.data)
+        if not body.is_valid():
+            raise ValidationError(body.errors)
+        try:
+            found = split_protection_set(split=found, hidden_fields=body.validated_data.get("hidden_fields"),
+                                         sealed=body.validated_data.get("sealed"))
+        except ProtectionError as exc:
+            raise ValidationError(str(exc)) from exc
+        return Response(SplitStateSerializer(found).data)
+
+
 class SplitTasksView(APIView):
     permission_classes = [PublishAccess]
     parser_classes = [MultiPartParser, FormParser]
@@ -305,10 +345,17 @@ class SplitTasksView(APIView):
         if not query.is_valid():
             raise ValidationError(query.errors)
         offset, limit = query.validated_data["offset"], query.validated_data["limit"]
+        caller = caller_of(request)
+        owner = hidden.owner_key(caller, environment.team_id)
+        if found.sealed and not owner:
+            raise PermissionDenied(hidden.sealed_reason(found.name, environment.full_name))
+        tasks = selectors.tasks_page(split=found, offset=offset, limit=limit)
+        if not owner and found.hidden_fields:
+            fields = frozenset(found.hidden_fields)
+            tasks = [{"index": t["index"], "spec": hidden.redact(t["spec"], fields)} for t in tasks]
         return Response({
             "split": found.name, "num_tasks": found.num_tasks, "offset": offset, "limit": limit,
-            "next": offset + limit if offset + limit < found.num_tasks else None,
-            "tasks": selectors.tasks_page(split=found, offset=offset, limit=limit),
+            "next": offset + limit if offset + limit < found.num_tasks else None, "tasks": tasks,
         })
 
     @extend_schema(parameters=[TaskUploadQuery], request=TASKS_REQUEST,

@@ -39,6 +39,7 @@ class SessionSerializer(serializers.Serializer):
     protocol = serializers.CharField()
     split = serializers.CharField()
     task_index = serializers.IntegerField(allow_null=True)
+    sealed = serializers.BooleanField(help_text="Run on a sealed split (docs/hidden-tasks.md).")
     created_at = serializers.DateTimeField()
     ended_at = serializers.DateTimeField(allow_null=True)
     calls = serializers.IntegerField()

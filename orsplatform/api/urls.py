@@ -18,6 +18,8 @@ urlpatterns = [
          name="api-version"),
     path("v1/environments/<str:team>/<str:slug>/rollback", publishing.RollbackView.as_view(), name="api-rollback"),
     path("v1/environments/<str:team>/<str:slug>/splits", publishing.SplitListView.as_view(), name="api-splits"),
+    path("v1/environments/<str:team>/<str:slug>/splits/<str:split>", publishing.SplitDetailView.as_view(),
+         name="api-split"),
     path("v1/environments/<str:team>/<str:slug>/splits/<str:split>/tasks", publishing.SplitTasksView.as_view(),
          name="api-split-tasks"),
     path("v1/ingest-jobs/<int:job_id>", publishing.IngestJobView.as_view(), name="api-ingest-job"),

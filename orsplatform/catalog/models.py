@@ -84,6 +84,12 @@ class Split(models.Model):
     num_tasks = models.PositiveIntegerField(default=0)
     # Bumped on every ingest, so caches keyed by it never serve replaced tasks.
     revision = models.PositiveIntegerField(default=0)
+    # Top-level task fields only the environment's own code sees (docs/hidden-tasks.md): never
+    # served to a client; a task object sent back to /create is matched through TaskDigest.
+    hidden_fields = models.JSONField(default=list, blank=True)
+    # Episodes may run on it by split+index, but its task specs are readable only by the owning
+    # team's publish keys; num_tasks stays public.
+    sealed = models.BooleanField(default=False)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["environment", "name"], name="split_env_name_unique")]
@@ -97,6 +103,19 @@ class Task(models.Model):
     class Meta:
         # task / task_range are lookups on this index, never list scans.
         constraints = [models.UniqueConstraint(fields=["split", "index"], name="task_split_index_unique")]
+
+
+class TaskDigest(models.Model):
+    """Digest of a task's redacted canonical JSON -> its index, kept for splits with hidden fields,
+    so a task object a client read (without the hidden fields) is matched back by one index
+    lookup, never a scan (catalog/hidden.py)."""
+
+    split = models.ForeignKey(Split, on_delete=models.CASCADE, related_name="+")
+    digest = models.BigIntegerField()
+    index = models.PositiveIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["split", "digest"], name="taskdigest_split_digest")]
 
 
 class IngestJob(models.Model):

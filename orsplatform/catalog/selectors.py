@@ -20,6 +20,9 @@ class SplitInfo:
     type: str
     num_tasks: int
     revision: int
+    # docs/hidden-tasks.md: the fields clients never get, and whether specs are sealed.
+    hidden: frozenset[str] = frozenset()
+    sealed: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class EnvHandle:
     @property
     def full_name(self) -> str:
         return f"{self.team_slug}/{self.slug}"
+
+    @property
+    def hides(self) -> bool:
+        """Whether any split hides fields (then a task object sent to /create must match a task)."""
+        return any(s.hidden for s in self.splits.values())
 
     def visible_to(self, caller: Caller) -> bool:
         return self.visibility == Environment.Visibility.PUBLIC or self.team_id == caller.team_id
@@ -81,7 +89,8 @@ def environments_visible(*, caller: Caller) -> list[Environment]:
 
 
 def _handle(environment: Environment, version: EnvironmentVersion) -> EnvHandle:
-    infos = {s.name: SplitInfo(s.id, s.name, s.type, s.num_tasks, s.revision)
+    infos = {s.name: SplitInfo(s.id, s.name, s.type, s.num_tasks, s.revision, frozenset(s.hidden_fields or ()),
+                               s.sealed)
              for s in Split.objects.filter(environment=environment).order_by("id")}
     declared = [s["name"] for s in version.splits if s["name"] in infos]
     order = tuple(declared) + tuple(n for n in infos if n not in declared)
@@ -139,6 +148,17 @@ def task_spec_block(*, split_id: int, start: int, stop: int) -> list[tuple[int, 
     """(index, spec) of the tasks in [start, stop): the gateway reads tasks a block at a time."""
     return list(Task.objects.filter(split_id=split_id, index__gte=start, index__lt=stop)
                 .values_list("index", "spec"))
+
+
+def task_digest_match(*, pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(split_id, digest, index) of the tasks whose redacted digest is one of `pairs` (split_id,
+    digest): one lookup on the (split, digest) index, lowest index first."""
+    from orsplatform.catalog.models import TaskDigest
+
+    match = Q()
+    for split_id, value in pairs:
+        match |= Q(split_id=split_id, digest=value)
+    return list(TaskDigest.objects.filter(match).order_by("index").values_list("split_id", "digest", "index")[:50])
 
 
 def task_specs_range(*, split_id: int, start: int, stop: int) -> list:

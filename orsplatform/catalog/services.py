@@ -22,7 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, 
 from django.db.models import Max, Sum
 from django.utils import timezone
 
-from orsplatform.catalog import ingest, packages, pyenvs
+from orsplatform.catalog import ingest, packages, protection, pyenvs
 from orsplatform.catalog import requirements as package_requirements
 from orsplatform.catalog.errors import one_line, tenant_output
 from orsplatform.catalog.ingest import IngestError, TaskQuotaExceeded, UploadTooLarge
@@ -107,6 +107,7 @@ def split_replace_tasks(*, environment: Environment, name: str, type: str, specs
     split.num_tasks = count
     split.revision += 1
     split.save(update_fields=["num_tasks", "revision"])
+    protection.split_digests_refresh(split=split)
     return split
 
 
@@ -114,7 +115,7 @@ logger = logging.getLogger(__name__)
 
 # tasks/<split>.<ext> inside a package.
 TASK_FILE_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
-MANIFEST_LIST_FIELDS = ("required_secrets", "requirements")
+MANIFEST_LIST_FIELDS = ("required_secrets", "requirements", "hidden_task_fields", "sealed_splits")
 MAX_TOOL_TIMEOUT_SECONDS = 24 * 3600
 ENTRYPOINT = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
@@ -388,6 +389,11 @@ def _version_fill(*, environment: Environment, version: EnvironmentVersion, repo
                          f"tasks listed by the class for split '{name}'")
         else:
             Split.objects.update_or_create(environment=environment, name=name, defaults={"type": type_})
+    try:
+        protection.manifest_protection_apply(environment=environment, manifest=manifest,
+                                             split_names=[s["name"] for s in report["splits"]])
+    except protection.ProtectionError as exc:
+        raise PublishError(f"manifest.toml: {exc}", check="manifest") from exc
     current = environment.current_version
     if current is None or current.number < version.number:
         environment.current_version = version
@@ -619,6 +625,8 @@ def tasks_ingest(
         if split_type:
             split.type = split_type
         split.save(update_fields=["num_tasks", "revision", "type"])
+        if split.hidden_fields or mode == IngestJob.Mode.REPLACE:
+            protection.split_digests_refresh(split=split, start=start)
     return IngestResult(split=split, rows=rows)
 
 

@@ -19,6 +19,7 @@ from orsplatform.catalog import selectors as catalog
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, IngestJob, Split
 from orsplatform.catalog.packages import remove_quietly, save_upload
+from orsplatform.catalog.protection import ProtectionError, split_protection_set
 from orsplatform.catalog.services import (
     PublishError,
     UploadTooLarge,
@@ -175,6 +176,27 @@ def tasks_upload(request: HttpRequest, slug: str) -> HttpResponse:
         return _page(request, team, role, publisher, task_form=form,
                      status=413 if isinstance(exc, UploadTooLarge) else 400)
     return redirect("console:ingest_job", slug=team.slug, job_id=job.id)
+
+
+@login_required
+@require_POST
+def split_protection(request: HttpRequest, slug: str, env: str, split: str) -> HttpResponse:
+    """A split's hidden fields (comma-separated names; empty shows them all) and sealing."""
+    team, _, _ = _team(request, slug, write=True)
+    environment = catalog.environment_of_team(team_id=team.id, slug=env)
+    found = catalog.split_of(environment=environment, name=split) if environment is not None else None
+    if found is None:
+        raise Http404("No such split.")
+    fields = [f.strip() for f in request.POST.get("hidden_fields", "")[:4000].split(",") if f.strip()]
+    try:
+        found = split_protection_set(split=found, hidden_fields=fields, sealed=bool(request.POST.get("sealed")))
+    except ProtectionError as exc:
+        messages.error(request, str(exc))
+        return redirect("console:environments", slug=team.slug)
+    hidden = ", ".join(found.hidden_fields) or "none"
+    messages.success(request, f"{environment.full_name} split {found.name}: hidden fields {hidden}; "
+                              f"{'sealed' if found.sealed else 'not sealed'}.")
+    return redirect("console:environments", slug=team.slug)
 
 
 def _job(request: HttpRequest, slug: str, job_id: int) -> tuple[Team, IngestJob]:

@@ -14,6 +14,8 @@ urlpatterns = [
     path("<slug:slug>/environments/publish", publishing.package_upload, name="publish"),
     path("<slug:slug>/environments/tasks", publishing.tasks_upload, name="upload_tasks"),
     path("<slug:slug>/environments/<slug:env>/rollback", publishing.version_rollback, name="rollback"),
+    path("<slug:slug>/environments/<slug:env>/splits/<str:split>/protection", publishing.split_protection,
+         name="split_protection"),
     path("<slug:slug>/environments/<slug:env>/versions/<int:number>/build", builds.version_build,
          name="version_build"),
     path("<slug:slug>/environments/<slug:env>/versions/<int:number>/build.json", builds.version_build_json,

@@ -32,6 +32,8 @@ class Session(models.Model):
     task_spec = models.JSONField()
     split = models.CharField(max_length=100, blank=True)
     task_index = models.PositiveIntegerField(null=True, blank=True)
+    # Run on a sealed split (docs/hidden-tasks.md): marked on the session, its pages and exports.
+    sealed = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATING)
     runner = models.CharField(max_length=200, blank=True)
     error = models.TextField(blank=True)

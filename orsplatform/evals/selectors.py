@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models import Count, F, Q, Sum
 
+from orsplatform.catalog.models import Split
 from orsplatform.evals.models import Agent, EvalEpisode, EvalRun
 from orsplatform.evals.stats import mean_interval, wilson
 from orsplatform.teams.models import Team
@@ -153,10 +154,20 @@ def leaderboard(*, team: Team, environment_id: int, split: str) -> list[dict[str
 
 
 def leaderboard_boards(*, team: Team) -> list[dict[str, Any]]:
-    """The (environment, split) pairs the team has runs on, for the leaderboard index."""
-    return list(EvalRun.objects.filter(team=team).values("environment_id", "environment__team__slug",
-                                                          "environment__slug", "split")
-                .annotate(runs=Count("id")).order_by("environment__team__slug", "environment__slug", "split"))
+    """The (environment, split) pairs the team has runs on, for the leaderboard index; each says
+    whether its split is sealed (results on held-out tasks nobody outside the owners can read)."""
+    boards = list(EvalRun.objects.filter(team=team).values("environment_id", "environment__team__slug",
+                                                            "environment__slug", "split")
+                  .annotate(runs=Count("id")).order_by("environment__team__slug", "environment__slug", "split"))
+    sealed = set(Split.objects.filter(environment_id__in={b["environment_id"] for b in boards}, sealed=True)
+                 .values_list("environment_id", "name"))
+    for board in boards:
+        board["sealed"] = (board["environment_id"], board["split"]) in sealed
+    return boards
+
+
+def split_is_sealed(*, environment_id: int, split: str) -> bool:
+    return Split.objects.filter(environment_id=environment_id, name=split, sealed=True).exists()
 
 
 def episode_for_session(*, team: Team, sid: str) -> EvalEpisode | None:

@@ -183,4 +183,5 @@ def leaderboard(request: HttpRequest, team: str, env_team: str, env_slug: str) -
     split = (request.GET.get("split") or (splits[0] if splits else "test"))[:100]
     rows = selectors.leaderboard(team=team_obj, environment_id=environment.id, split=split)
     return render(request, "evals/leaderboard.html", {
-        "team": team_obj, "environment": f"{env_team}/{env_slug}", "split": split, "splits": splits, "rows": rows})
+        "team": team_obj, "environment": f"{env_team}/{env_slug}", "split": split, "splits": splits, "rows": rows,
+        "sealed": selectors.split_is_sealed(environment_id=environment.id, split=split)})

@@ -22,7 +22,8 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
 
-from orsplatform.catalog.selectors import EnvHandle
+from orsplatform.catalog import hidden
+from orsplatform.catalog.selectors import EnvHandle, SplitInfo
 from orsplatform.episodes.models import Session
 from orsplatform.gateway.calls import CallRunner
 from orsplatform.gateway.errors import GatewayError, StoreUnavailable, storable
@@ -107,6 +108,40 @@ class EpisodeGateway:
             raise GatewayError(400, "Invalid index")
         return spec
 
+    async def task_rehydrate(self, env: EnvHandle, task_spec: Any) -> tuple[str | None, int | None, Any]:
+        """(split, index, full spec) of the stored task a client's task object is (it read the
+        task without its hidden fields, and the environment's code needs all of them). An object
+        that matches nothing is refused, unless some split hides nothing (then it may be one of
+        that split's tasks or the caller's own, and runs as given: it reveals nothing hidden)."""
+        match = await self.store.task_match(env, task_spec)
+        if match is not None:
+            info, index, full = match
+            return info.name, index, full
+        if all(info.hidden for info in env.splits.values()):
+            raise GatewayError(400, "task_spec matches no task of this environment: its tasks have hidden fields, "
+                                    "so a task object must be one read from task, tasks or task_range "
+                                    "(unchanged), or name the task by split and index.")
+        return None, None, task_spec
+
+    def task_reader(self, caller: Caller, env: EnvHandle, split_name: str) -> SplitInfo:
+        """The split whose task specs the caller asks to read: 400 for an unknown one, 403 for a
+        sealed one unless the caller holds a publish key of the team that owns the environment."""
+        info = env.splits.get(split_name)
+        if info is None:
+            raise GatewayError(400, "Invalid split")
+        if info.sealed and not hidden.owner_key(caller, env.team_id):
+            raise GatewayError(403, hidden.sealed_reason(split_name, env.full_name))
+        return info
+
+    async def tasks_public(self, info: SplitInfo, start: int, stop: int) -> list:
+        """Tasks [start, stop) of a split as clients may see them (hidden fields dropped)."""
+        specs = await self.store.task_specs(info.id, start, stop)
+        return [hidden.redact(spec, info.hidden) for spec in specs] if info.hidden else specs
+
+    async def task_public(self, info: SplitInfo, index: int) -> Any:
+        spec = await self.store.task_spec(info, index) if 0 <= index < info.num_tasks else None
+        return None if spec is None else hidden.redact(spec, info.hidden)
+
     # --- opening an episode -------------------------------------------------------------------
 
     def open_session(self, caller: Caller, *, secrets: dict[str, str], env_vars: dict[str, str]) -> str:
@@ -137,6 +172,11 @@ class EpisodeGateway:
         returns at once. Raises GatewayError (400 bad task, 429 at capacity, 503 no runner)."""
         if split is not None:
             task_spec = await self.task_spec(env, split, index)
+        elif env.hides:
+            split, index, task_spec = await self.task_rehydrate(env, task_spec)
+        info = env.splits.get(split) if split else None
+        # What is recorded (session pages, exports, analytics) is what the caller may see.
+        public_spec = hidden.redact(task_spec, info.hidden) if info is not None else task_spec
         if sid in self.sessions or (sid in self.deferred and slot_taken is None):
             raise GatewayError(400, "Session already exists")
         secrets = secrets_admitted(caller, env, self._pending_secrets(caller, sid, secrets or {}))
@@ -155,8 +195,8 @@ class EpisodeGateway:
             await self._start(caller, sid, spec, runner, None)
         try:
             pk = await self.store.session_create(
-                sid=sid, caller=caller, env=env, task_spec=task_spec, split=split or "", index=index,
-                runner=runner, protocol=protocol,
+                sid=sid, caller=caller, env=env, task_spec=public_spec, split=split or "", index=index,
+                runner=runner, protocol=protocol, sealed=info is not None and info.sealed,
             )
         except BaseException as exc:
             if early:
@@ -168,7 +208,8 @@ class EpisodeGateway:
         owner["pk"] = pk
         live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, secrets=secret_values(secrets),
                            runner=runner, adopted_at=time.monotonic() if self.executor.shared else None,
-                           holds_slot=holds_slot, protocol=protocol)
+                           holds_slot=holds_slot, protocol=protocol, task_public=public_spec, split=split or "",
+                           index=index)
         self.sessions[sid] = live
         if not early:
             await self._start(caller, sid, spec, runner, pk)

@@ -61,6 +61,10 @@ class LiveSession:
     # The session's secret values, only to strip them from the audit log's copy of each call.
     secrets: tuple[str, ...] = field(default=(), repr=False)
     protocol: str = "ors"
+    # The task as its caller may see it (hidden fields dropped), and where it is stored, if known.
+    task_public: Any = None
+    split: str = ""
+    index: int | None = None
 
     def count_call(self, result: dict | None) -> None:
         self.call_count += 1

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError, connection, connections, transaction
 
+from orsplatform.catalog import hidden
 from orsplatform.catalog import selectors as catalog
 from orsplatform.catalog.selectors import EnvHandle, SplitInfo
 from orsplatform.episodes import selectors as episodes
@@ -213,6 +214,8 @@ class Store:
         self._versions: dict[int, EnvHandle] = {}
         # Task specs by (split, revision, index): a re-ingest bumps the revision.
         self._tasks: dict[tuple[int, int, int], Any] = {}
+        # (split id, revision, digest) -> task index, or -1 for none (catalog/hidden.py).
+        self._digests: dict[tuple[int, int, int], int] = {}
         pg_writers = []
         if connections["default"].vendor == "postgresql" and settings.ORS_PG_ASYNC_WRITES:
             from orsplatform.gateway.pg_writer import PgWriter
@@ -290,6 +293,31 @@ class Store:
                     self._tasks[(split.id, split.revision, i)] = value
             spec = self._tasks.get(key)
         return spec
+
+    async def task_match(self, env: EnvHandle, spec: Any) -> tuple[SplitInfo, int, Any] | None:
+        """The stored task (split, index, full spec) a client's task object is, when the
+        environment hides fields: a digest per hiding split, looked up in memory first and then
+        in one indexed query; a hit is confirmed against the stored spec."""
+        keys = [((info.id, info.revision, hidden.digest(spec, info.hidden)), info)
+                for info in env.splits.values() if info.hidden]
+        indexes = {key: self._digests.get(key) for key, _ in keys}
+        missing = [key for key, index in indexes.items() if index is None]
+        if missing:
+            rows = await self._run(catalog.task_digest_match, pairs=[(k[0], k[2]) for k in missing])
+            found: dict[tuple[int, int], int] = {}
+            for split_id, value, index in rows:
+                found.setdefault((split_id, value), index)
+            if len(self._digests) + len(missing) > 100_000:
+                self._digests.clear()
+            for key in missing:
+                indexes[key] = self._digests[key] = found.get((key[0], key[2]), -1)
+        for key, info in keys:
+            index = indexes[key]
+            if index >= 0:
+                full = await self.task_spec(info, index)
+                if full is not None and hidden.same_task(spec, full, info.hidden):
+                    return info, index, full
+        return None
 
     async def task_specs(self, split_id: int, start: int, stop: int) -> list:
         return await self._run(catalog.task_specs_range, split_id=split_id, start=start, stop=stop)

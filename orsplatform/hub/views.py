@@ -15,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from orsplatform.catalog.hidden import redact
 from orsplatform.catalog.models import Environment
 from orsplatform.catalog.selectors import task_text
 from orsplatform.hub import selectors
@@ -125,6 +126,22 @@ def environment(request: HttpRequest, team: str, env: str) -> HttpResponse:
     })
 
 
+def _sealed_to(request: HttpRequest, environment: Environment, split) -> str | None:
+    """Why the viewer may not read this split's task specs (a sealed split: publishers of the
+    owning team only), or None when it may."""
+    if split is None or not split.sealed or selectors.can_publish_to(user=request.user, environment=environment):
+        return None
+    return (f"Split '{split.name}' is sealed: its tasks are readable only by the publishers of "
+            f"{environment.team.slug}. Episodes may still run on it by split and index.")
+
+
+def _shown(viewer: selectors.Viewer, environment: Environment, split, spec: Any) -> Any:
+    """A task spec as the viewer may see it: hidden fields only for the owning team."""
+    if viewer.everything or environment.team_id in viewer.team_ids:
+        return spec
+    return redact(spec, frozenset(split.hidden_fields or ()))
+
+
 @require_GET
 def tasks(request: HttpRequest, team: str, env: str) -> HttpResponse:
     viewer, environment = _environment(request, team, env)
@@ -136,8 +153,14 @@ def tasks(request: HttpRequest, team: str, env: str) -> HttpResponse:
     context = _base(request, viewer, environment, "tasks")
     rows: list[dict[str, Any]] = []
     page = None
+    sealed = _sealed_to(request, environment, split)
+    if sealed is not None:
+        return render(request, "hub/tasks.html", {**context, "splits": splits, "split": split, "rows": [],
+                                                  "sealed": sealed}, status=403)
     if split is not None:
         page = selectors.tasks_page(split=split, page=_param(request, "page") or 1)
+        for t in page.object_list:
+            t["spec"] = _shown(viewer, environment, split, t["spec"])
         stats = selectors.task_stats(viewer=viewer, environment=environment, split=split.name,
                                      indices=[t["index"] for t in page.object_list])
         for t in page.object_list:
@@ -159,10 +182,15 @@ def task(request: HttpRequest, team: str, env: str, split: str, index: int) -> H
     if row is None:
         raise Http404("No such task.")
     context = _base(request, viewer, environment, "tasks")
+    sealed = _sealed_to(request, environment, split_obj)
+    if sealed is not None:
+        return render(request, "hub/tasks.html", {**context, "splits": selectors.splits_of(environment=environment),
+                                                  "split": split_obj, "rows": [], "sealed": sealed}, status=403)
+    spec = _shown(viewer, environment, split_obj, row.spec)
     stats = selectors.task_stats(viewer=viewer, environment=environment, split=split, indices=[index]).get(index)
     return render(request, "hub/task.html", {
-        **context, "split": split_obj, "task": row, "text": task_text(row.spec, limit=2000),
-        "spec": json.dumps(row.spec, indent=2, sort_keys=True, ensure_ascii=False), "stats": stats,
+        **context, "split": split_obj, "task": row, "text": task_text(spec, limit=2000),
+        "spec": json.dumps(spec, indent=2, sort_keys=True, ensure_ascii=False), "stats": stats,
         "prompt": selectors.task_recorded_prompt(viewer=viewer, environment=environment, split=split, index=index),
         "rendered": task_prompt_cached(version=environment.current_version, spec=row.spec)
         if environment.current_version else None,
@@ -184,6 +212,9 @@ def task_prompt(request: HttpRequest, team: str, env: str, split: str, index: in
     row = selectors.task_of(split=split_obj, index=index) if split_obj else None
     if row is None or environment.current_version is None:
         raise Http404("No such task.")
+    sealed = _sealed_to(request, environment, split_obj)
+    if sealed is not None:
+        return JsonResponse({"detail": sealed}, status=403)
     page = reverse("hub:task", args=[team, env, split, index])
     if task_prompt_cached(version=environment.current_version, spec=row.spec) is None:
         try:

@@ -226,29 +226,34 @@ class OpenEnvFace:
             raise HttpError(400, "Invalid split")
         return split
 
+    def _readable(self, caller: Caller, env: EnvHandle, name: str):
+        """A split whose specs are read: sealed ones only by the owner's publish keys (403)."""
+        self._split(env, name)
+        return self.gateway.task_reader(caller, env, name)
+
     async def tasks(self, caller: Caller, env: EnvHandle, body: Any, token: str | None) -> Any:
-        split = self._split(env, _validated(SplitRequest, body, ("body",)).split)
+        split = self._readable(caller, env, _validated(SplitRequest, body, ("body",)).split)
         if split.num_tasks > settings.ORS_MAX_LIST_TASKS:
             raise HttpError(400, f"Split has {split.num_tasks} tasks; page through it with task_range.")
-        return {"tasks": await self.gateway.store.task_specs(split.id, 0, split.num_tasks), "env_name": env.slug}
+        return {"tasks": await self.gateway.tasks_public(split, 0, split.num_tasks), "env_name": env.slug}
 
     async def num_tasks(self, caller: Caller, env: EnvHandle, body: Any, token: str | None) -> Any:
         return {"num_tasks": self._split(env, _validated(SplitRequest, body, ("body",)).split).num_tasks}
 
     async def task(self, caller: Caller, env: EnvHandle, body: Any, token: str | None) -> Any:
         request = _validated(TaskRequest, body, ("body",))
-        split = self._split(env, request.split)
+        split = self._readable(caller, env, request.split)
         if not 0 <= request.index < split.num_tasks:
             raise HttpError(400, "Invalid task index")
-        return {"task": await self.gateway.store.task_spec(split, request.index)}
+        return {"task": await self.gateway.task_public(split, request.index)}
 
     async def task_range(self, caller: Caller, env: EnvHandle, body: Any, token: str | None) -> Any:
         request = _validated(TaskRangeRequest, body, ("body",))
-        split = self._split(env, request.split)
+        split = self._readable(caller, env, request.split)
         start, stop, _ = slice(request.start, request.stop).indices(split.num_tasks)
         if stop - start > settings.ORS_MAX_LIST_TASKS:
             raise HttpError(400, f"Range too large; at most {settings.ORS_MAX_LIST_TASKS} tasks per request.")
-        return {"tasks": await self.gateway.store.task_specs(split.id, start, stop) if stop > start else []}
+        return {"tasks": await self.gateway.tasks_public(split, start, stop) if stop > start else []}
 
     # --- MCP (JSON-RPC 2.0 over POST /mcp, and "mcp" frames on a socket) -------------------------
 

@@ -200,7 +200,10 @@ class Episodes:
             session.live = live
         session.step_count = 0
         session.episode_id = data.episode_id or sid
-        session.task_spec, session.split, session.index = task_spec, split, index
+        # The observation carries the task as the caller may see it (hidden fields never: an adapter
+        # that hands str(observation) to the model must not hand it the answer), and where a task
+        # object was matched back to, the split and index it is.
+        session.task_spec, session.split, session.index = live.task_public, live.split or None, live.index
         try:
             blocks = await self._prompt(live)
         except OpenEnvError:
@@ -208,7 +211,8 @@ class Episodes:
             raise
         metadata = {"source_type": "ors", "original_env_class": env.entrypoint.rpartition(":")[2],
                     "environment": f"{env.full_name}@{env.version_number}", "session_id": sid,
-                    "episode_id": session.episode_id, "task_spec": task_spec, "split": split, "index": index,
+                    "episode_id": session.episode_id, "task_spec": session.task_spec, "split": session.split,
+                    "index": session.index,
                     "prompt": blocks}
         return observation_data({"metadata": metadata}, None, False, metadata)
 

@@ -70,6 +70,11 @@ def _split(env: EnvHandle, body: dict) -> SplitInfo:
     return info
 
 
+def _readable(gw: EpisodeGateway, caller: Caller, env: EnvHandle, body: dict) -> SplitInfo:
+    """The split whose specs are read: sealed ones only by the owner's publish keys (403)."""
+    return gw.task_reader(caller, env, require_str(body, "split"))
+
+
 def _env_name(req: Request, env: EnvHandle, env_ref: str | None) -> str:
     # Echo the name the client used: the ors client sends it back as /create's env_name.
     return env_ref or (req.header(b"x-deployment") or "").strip() or env.full_name
@@ -77,10 +82,10 @@ def _env_name(req: Request, env: EnvHandle, env_ref: str | None) -> str:
 
 async def tasks(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
     env = await environment_for(gw, req, caller, env_ref)
-    split = _split(env, req.json())
+    split = _readable(gw, caller, env, req.json())
     if split.num_tasks > settings.ORS_MAX_LIST_TASKS:
         raise HttpError(400, f"Split has {split.num_tasks} tasks; page through it with task_range.")
-    specs = await gw.store.task_specs(split.id, 0, split.num_tasks)
+    specs = await gw.tasks_public(split, 0, split.num_tasks)
     return {"tasks": specs, "env_name": _env_name(req, env, env_ref)}
 
 
@@ -92,11 +97,11 @@ async def num_tasks(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: s
 async def task(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
     env = await environment_for(gw, req, caller, env_ref)
     body = req.json()
-    split = _split(env, body)
+    split = _readable(gw, caller, env, body)
     index = require_int(body, "index")
     if not 0 <= index < split.num_tasks:
         raise HttpError(400, "Invalid index")
-    spec = await gw.store.task_spec(split, index)
+    spec = await gw.task_public(split, index)
     if spec is None:
         raise HttpError(400, "Invalid index")
     return {"task": spec, "env_name": _env_name(req, env, env_ref)}
@@ -105,10 +110,10 @@ async def task(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | 
 async def task_range(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
     env = await environment_for(gw, req, caller, env_ref)
     body = req.json()
-    split = _split(env, body)
+    split = _readable(gw, caller, env, body)
     # Python slice semantics, as in the reference server: negatives count from the end, clamp.
     start, stop, _ = slice(optional_int(body, "start"), optional_int(body, "stop")).indices(split.num_tasks)
     if stop - start > settings.ORS_MAX_LIST_TASKS:
         raise HttpError(400, f"Range too large; at most {settings.ORS_MAX_LIST_TASKS} tasks per request.")
-    specs = await gw.store.task_specs(split.id, start, stop) if stop > start else []
+    specs = await gw.tasks_public(split, start, stop) if stop > start else []
     return {"tasks": specs, "env_name": _env_name(req, env, env_ref)}

@@ -14,7 +14,7 @@ nothing), `http400` (a first turn like looper's, then refuses the POST with the 
 with a stopReason version 1 does not have), `truncated` (the stream ends without turn_stop), `endless` (a
 stream that never ends), `slow` (never answers), `sluggish` (the solver, taking a second over the
 first turn: after session_start in the stream modes, before the reply in "none"). `/v2/meta` claims
-protocol version 2. GET /_stats tells what the server saw (sessions open at once, sessions whose id
+protocol version 2. GET /_stats tells what the server saw (the PUT bodies, sessions open at once, sessions whose id
 it gave out, deletes, permission decisions, the messages of each POST, Authorization headers).
 """
 
@@ -83,7 +83,7 @@ class Answers:
 
 ANSWERS = Answers()
 STATS: dict = {"open": 0, "max_open": 0, "created": 0, "told": 0, "deleted": 0, "permissions": [], "auth": [],
-               "puts": 0, "posts": 0, "post_messages": []}
+               "puts": 0, "posts": 0, "post_messages": [], "put_bodies": []}
 SESSIONS: dict[str, dict] = {}
 API_KEY = ""
 
@@ -256,6 +256,7 @@ async def put_session(request: Request) -> Response:
         return JSONResponse({"error": "unauthorized"}, status_code=401)
     body = await request.json()
     STATS["puts"] += 1
+    STATS["put_bodies"].append(body)  # what the platform sends an agent (no hidden task field, ever)
     name = (body.get("agent") or {}).get("name")
     if name not in AGENTS:
         return JSONResponse({"error": f"no agent {name!r}"}, status_code=404)
@@ -306,7 +307,7 @@ async def reset_stats(request: Request) -> Response:
     # forgotten, so each test counts only its own.
     SESSIONS.clear()
     STATS.update(open=0, max_open=0, created=0, told=0, deleted=0, permissions=[], auth=[],
-                 puts=0, posts=0, post_messages=[])
+                 puts=0, posts=0, post_messages=[], put_bodies=[])
     return JSONResponse({"ok": True})
 
 
