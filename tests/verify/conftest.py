@@ -12,5 +12,7 @@ def platform(cluster, server_factory, tmp_path, settings):
     settings.ORS_PACKAGE_DIR = tmp_path / "packages"
     extra = {"ORS_PACKAGE_DIR": str(tmp_path / "packages"), "ORS_EXECUTOR": "inline",
              "ORS_REPLAY_PROGRESS_SECONDS": "0.1"}
+    # The gateway first: the worker's start (not waited for) would compete with the gateway's for the CPU.
+    gateway = server_factory(**cluster.env(**extra))
     cluster.start_platform_worker(**extra)
-    return server_factory(**cluster.env(**extra))
+    return gateway
