@@ -51,11 +51,14 @@ SAME = "1.0 if right else 0.0"
 HALF_FOR_B = '(0.5 if self.task_spec["group"] == "b" else 1.0) if right else 0.0'
 
 
-def grader_zip(*, mark: str, reward: str = SAME, manifest: str = "", solutions: list[dict] | None = None) -> bytes:
+def grader_zip(*, mark: str, reward: str = SAME, manifest: str = "", solutions: list | None = None,
+               solutions_text: str | None = None) -> bytes:
     files = {"env.py": GRADER.format(mark=mark, reward=reward),
              "manifest.toml": 'name = "grader"\nentrypoint = "env:Grader"\n' + manifest}
     if solutions is not None:
         files["verify/solutions.jsonl"] = "".join(json.dumps(s) + "\n" for s in solutions)
+    if solutions_text is not None:
+        files["verify/solutions.jsonl"] = solutions_text
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         for name, content in files.items():
