@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "orsplatform.runners",  # its beat tasks (runners/tasks.py); no models
     "orsplatform.hub",
     "orsplatform.evals",  # AAP agents, evaluation runs and leaderboards
+    "orsplatform.verify",  # verified versions: replay of recorded episodes, reference solutions
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -285,6 +286,20 @@ ORS_AUDIT_TRUNCATED_BYTES = channel_setting("ORS_AUDIT_TRUNCATED_BYTES")
 ORS_SECRETS_TRUSTED_TEAMS = [t.strip() for t in os.environ.get("ORS_SECRETS_TRUSTED_TEAMS", os.environ.get(
     "ORS_BUILTIN_TEAM", "builtin")).split(",") if t.strip()]
 ORS_DEFAULT_TOOL_TIMEOUT_SECONDS = env_float("ORS_DEFAULT_TOOL_TIMEOUT_SECONDS", 600.0)
+# --- Verified versions (docs/verified-versions.md) ------------------------------------------------------
+# Recorded episodes of the current version replayed against a new one, unless the environment's
+# settings or its manifest's [verify] sample say otherwise (0: none); an author may ask for at most MAX.
+ORS_REPLAY_DEFAULT_SAMPLE = env_int("ORS_REPLAY_DEFAULT_SAMPLE", 100)
+ORS_REPLAY_MAX_SAMPLE = env_int("ORS_REPLAY_MAX_SAMPLE", 5000)
+# The sample is drawn from the most recent POOL x sample ended episodes (bounded reads on big histories).
+ORS_REPLAY_SAMPLE_POOL = env_int("ORS_REPLAY_SAMPLE_POOL", 10)
+# Episodes replayed at once (they share the version's sandbox workers: one per
+# ORS_SANDBOX_SESSIONS_PER_WORKER of them); how often the progress bar's row is written.
+ORS_REPLAY_CONCURRENCY = env_int("ORS_REPLAY_CONCURRENCY", 32)
+ORS_REPLAY_PROGRESS_SECONDS = env_float("ORS_REPLAY_PROGRESS_SECONDS", 0.5)
+# verify/solutions.jsonl: at most this many reference solutions and bytes.
+ORS_REPLAY_MAX_SOLUTIONS = env_int("ORS_REPLAY_MAX_SOLUTIONS", 1000)
+ORS_REPLAY_MAX_SOLUTIONS_BYTES = env_int("ORS_REPLAY_MAX_SOLUTIONS_BYTES", 4 * 1024 * 1024)
 # Environment used by clients that name none (ors.client's split+index form); "team/slug".
 ORS_DEFAULT_ENVIRONMENT = os.environ.get("ORS_DEFAULT_ENVIRONMENT", "builtin/math")
 ORS_BUILTIN_TEAM = os.environ.get("ORS_BUILTIN_TEAM", "builtin")

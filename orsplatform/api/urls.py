@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from orsplatform.api import analytics, evals, publishing, views
+from orsplatform.api import analytics, evals, publishing, verification, views
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -17,6 +17,12 @@ urlpatterns = [
     path("v1/environments/<str:team>/<str:slug>/versions/<int:number>", publishing.VersionDetailView.as_view(),
          name="api-version"),
     path("v1/environments/<str:team>/<str:slug>/rollback", publishing.RollbackView.as_view(), name="api-rollback"),
+    path("v1/environments/<str:team>/<str:slug>/versions/<int:number>/verification",
+         verification.VerificationView.as_view(), name="api-verification"),
+    path("v1/environments/<str:team>/<str:slug>/versions/<int:number>/confirm",
+         verification.VersionConfirmView.as_view(), name="api-version-confirm"),
+    path("v1/environments/<str:team>/<str:slug>/verify-settings", verification.VerifySettingsView.as_view(),
+         name="api-verify-settings"),
     path("v1/environments/<str:team>/<str:slug>/splits", publishing.SplitListView.as_view(), name="api-splits"),
     path("v1/environments/<str:team>/<str:slug>/splits/<str:split>", publishing.SplitDetailView.as_view(),
          name="api-split"),

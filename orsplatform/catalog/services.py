@@ -31,6 +31,8 @@ from orsplatform.celery import task
 from orsplatform.runners.inspection import Results, run_child
 from orsplatform.teams.models import Team
 from orsplatform.teams.services import validate_slug
+from orsplatform.verify import config as verify_config
+from orsplatform.verify.services import verification_plan
 
 TASK_BATCH = 2000
 # _store_package copies a package beside its final place under this prefix, then renames it; what a
@@ -277,6 +279,10 @@ def environment_publish(
     """
     source_dir = Path(source_dir).resolve()
     manifest = manifest_validate(read_manifest(source_dir))
+    try:  # [verify] and verify/solutions.jsonl (verified versions, orsplatform/verify/)
+        verify_config.package_verify_check(source_dir, manifest)
+    except verify_config.VerifyConfigError as exc:
+        raise PublishError(str(exc), check="verify") from exc
     slug = slug or manifest.get("name") or default_slug or source_dir.name
     try:
         validate_slug(slug)
@@ -395,7 +401,10 @@ def _version_fill(*, environment: Environment, version: EnvironmentVersion, repo
     except protection.ProtectionError as exc:
         raise PublishError(f"manifest.toml: {exc}", check="manifest") from exc
     current = environment.current_version
-    if current is None or current.number < version.number:
+    # A version that must pass its verification first (a threshold, reference solutions) is
+    # published but made current by the replay, or by its author's confirmation.
+    held = verification_plan(environment=environment, version=version, manifest=manifest, baseline=current)
+    if not held and (current is None or current.number < version.number):
         environment.current_version = version
     environment.description = manifest.get("description", environment.description)
     update = ["current_version", "description"]

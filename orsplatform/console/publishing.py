@@ -30,6 +30,7 @@ from orsplatform.catalog.services import (
 )
 from orsplatform.teams import selectors
 from orsplatform.teams.models import Membership, Team
+from orsplatform.verify.models import Verification
 
 PUBLISHER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN, Membership.Role.MEMBER)
 
@@ -132,6 +133,9 @@ def package_upload(request: HttpRequest, slug: str) -> HttpResponse:
         messages.success(request, f"Published {version.environment.full_name}@{version.number}: validation passed "
                                   f"(entrypoint {version.entrypoint}, {report.get('sdk') or 'ors'} SDK; "
                                   f"tools: {tools}; splits: {splits}; {prompt}).")
+        if Verification.objects.filter(version=version).exists():
+            # Its replay runs now: the version's page follows it with a progress bar.
+            return redirect("console:version", slug=team.slug, env=version.environment.slug, number=version.number)
     else:
         messages.success(request, f"Identical content: {version.environment.full_name}@{version.number} "
                                   "already holds it; nothing changed.")

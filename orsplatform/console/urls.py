@@ -20,6 +20,10 @@ urlpatterns = [
          name="version_build"),
     path("<slug:slug>/environments/<slug:env>/versions/<int:number>/build.json", builds.version_build_json,
          name="version_build_json"),
+    path("<slug:slug>/environments/<slug:env>/versions/<int:number>/", builds.version_build, name="version"),
+    path("<slug:slug>/environments/<slug:env>/versions/<int:number>/confirm", builds.version_confirm,
+         name="version_confirm"),
+    path("<slug:slug>/environments/<slug:env>/verify-settings", builds.verify_settings, name="verify_settings"),
     path("<slug:slug>/ingest/<int:job_id>/", publishing.ingest_job, name="ingest_job"),
     path("<slug:slug>/ingest/<int:job_id>.json", publishing.ingest_job_json, name="ingest_job_json"),
 ]
