@@ -55,6 +55,7 @@ def _looked_up(request: HttpRequest) -> Caller:
     return ANONYMOUS if token is None else authorize(token, Access.CATALOG)
 
 
+@csrf_exempt
 def environment(request: HttpRequest, owner: str, name: str) -> JsonResponse:
     if request.method != "GET":
         return _detail("Method not allowed; use GET.", 405, Allow="GET")
@@ -71,6 +72,7 @@ def environment(request: HttpRequest, owner: str, name: str) -> JsonResponse:
                          "current_version": current.number if current else None})
 
 
+@csrf_exempt
 def variants(request: HttpRequest, owner: str, name: str) -> JsonResponse:
     """An environment's ready versions as the client's "variants" (`variant="v3"` pins version 3)."""
     if request.method != "GET":
