@@ -27,6 +27,7 @@ def session_fields(row: dict[str, Any], now: datetime) -> dict[str, Any]:
         "status": Session.Status.CREATING.value, "runner": row.get("runner", ""), "error": "",
         "created_at": now, "last_activity_at": now, "calls": 0, "finished": False,
         "protocol": row.get("protocol", Session.Protocol.ORS.value), "sealed": row.get("sealed", False),
+        "run_name": row.get("run_name", ""),
     }
 
 
