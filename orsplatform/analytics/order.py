@@ -21,21 +21,30 @@ def wants_episode_order(*, buckets_with_data: int, episodes: int) -> bool:
     return buckets_with_data < MIN_TIME_POINTS and episodes > buckets_with_data
 
 
-def group_in_order(rewards: Iterable[float | None], *, pass_reward: float,
-                   points: int = ORDER_POINTS) -> list[dict[str, Any]]:
-    """Consecutive scored episodes (rewards in start order) in at most `points` groups:
-    {"first", "last" (1-based episode numbers), "episodes", "mean_reward", "success_rate"}."""
-    values = [float(r) for r in rewards if r is not None]
-    n = len(values)
+def group_in_order(rewards: Iterable[float | None], *, pass_reward: float | None = None,
+                   passed: Iterable[bool] | None = None, points: int = ORDER_POINTS) -> list[dict[str, Any]]:
+    """Consecutive scored episodes (rewards in order) in at most `points` groups:
+    {"first", "last" (1-based episode numbers), "episodes", "mean_reward", "success_rate",
+    "cumulative_success_rate"}. An episode passes when its reward reaches `pass_reward`, or as
+    `passed` says (an evaluation's faults do not pass whatever they scored)."""
+    if passed is None:
+        pairs = [(float(r), float(r) >= (pass_reward if pass_reward is not None else 1.0))
+                 for r in rewards if r is not None]
+    else:
+        pairs = [(float(r or 0.0), bool(p)) for r, p in zip(rewards, passed, strict=True)]
+    n = len(pairs)
     if not n:
         return []
     groups = min(n, points)
-    out = []
+    out, passes_so_far = [], 0
     for g in range(groups):
         lo, hi = g * n // groups, (g + 1) * n // groups
-        chunk = values[lo:hi]
-        out.append({"first": lo + 1, "last": hi, "episodes": len(chunk), "mean_reward": sum(chunk) / len(chunk),
-                    "success_rate": sum(1 for v in chunk if v >= pass_reward) / len(chunk)})
+        chunk = pairs[lo:hi]
+        passes = sum(1 for _, p in chunk if p)
+        passes_so_far += passes
+        out.append({"first": lo + 1, "last": hi, "episodes": len(chunk),
+                    "mean_reward": sum(v for v, _ in chunk) / len(chunk), "success_rate": passes / len(chunk),
+                    "cumulative_success_rate": passes_so_far / hi})
     return out
 
 
