@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "orsplatform.runners",  # its beat tasks (runners/tasks.py); no models
     "orsplatform.hub",
     "orsplatform.evals",  # AAP agents, evaluation runs and leaderboards
+    "orsplatform.runs",  # training runs and the rollouts the openreward client logs
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",

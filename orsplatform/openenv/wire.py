@@ -116,6 +116,8 @@ class ResetData(BaseModel):
     seed: int | None = None
     episode_id: str | None = Field(default=None, max_length=255)
     secrets: dict[str, str | SecretValue] | None = None
+    # The training run the episode belongs to (docs/runs.md); else the socket's X-Run, else the key's name.
+    run: str | None = Field(default=None, max_length=200)
 
     def secret_values(self) -> dict[str, str]:
         return {k: v if isinstance(v, str) else v.value for k, v in (self.secrets or {}).items()}
