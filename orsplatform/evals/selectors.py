@@ -82,7 +82,9 @@ def run_numbers(*, run: EvalRun) -> dict[str, Any]:
     agg = EvalEpisode.objects.filter(run=run).aggregate(
         done=Count("id", filter=scored),
         running=Count("id", filter=Q(status=EvalEpisode.Status.RUNNING)),
-        passed=Count("id", filter=scored & Q(passed=True)),
+        # Aliases differ from the fields they count: an alias named like a field shadows it in the
+        # other aggregates' filters.
+        passes=Count("id", filter=scored & Q(passed=True)),
         failed=Count("id", filter=scored & ~Q(error="")),
         **{f"outcome_{name}": Count("id", filter=scored & _outcome_q(name)) for name in OUTCOMES if name != "passed"},
         reward_sum=Sum("reward", filter=scored),
@@ -98,14 +100,14 @@ def run_numbers(*, run: EvalRun) -> dict[str, Any]:
         "total": run.total,
         "done": done,
         "running": agg["running"],
-        "passed": agg["passed"],
+        "passed": agg["passes"],
         "errors": agg["failed"],
         # Disjoint with passed: scored below the threshold, scored nothing, ended by a fault.
         "partial": agg["outcome_partial"],
         "zero_reward": agg["outcome_zero"],
         "faults": agg["outcome_fault"],
-        "pass_rate": agg["passed"] / done if done else None,
-        "pass_rate_interval": _interval(wilson(agg["passed"], done)),
+        "pass_rate": agg["passes"] / done if done else None,
+        "pass_rate_interval": _interval(wilson(agg["passes"], done)),
         "mean_reward": round(mean, 6) if mean is not None else None,
         "mean_reward_interval": _interval(interval),
         "turns": agg["turns"] or 0,

@@ -161,7 +161,8 @@ def run(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
     outcome = request.GET.get("outcome", "")
     if outcome not in (*selectors.OUTCOMES, "unscored"):
         outcome = ""
-    episodes = selectors.episodes_page(run=run_obj, page=_page_number(request), outcome=outcome)
+    episodes = selectors.episodes_page(run=run_obj, page=_page_number(request), outcome=outcome,
+                                       per_page=selectors.EPISODES_PER_PAGE)
     base = reverse("evals:run", args=[team_obj.slug, run_obj.id])
     keep = {"outcome": outcome} if outcome else {}
     return render(request, "evals/run.html", {
