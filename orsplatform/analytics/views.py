@@ -72,9 +72,11 @@ def _fail(request: HttpRequest, template: str, context: dict[str, Any], exc: Val
 @login_required
 def index(request: HttpRequest) -> HttpResponse:
     teams = teams_for_user(user=request.user)
+    # The site navigation's "Runs" comes here too (?to=runs): team slugs own the next path segment.
+    target = "analytics:runs" if request.GET.get("to") == "runs" else "analytics:overview"
     if len(teams) == 1:
-        return redirect("analytics:overview", team=teams[0][0].slug)
-    return render(request, "analytics/team_list.html", {"teams": teams})
+        return redirect(target, team=teams[0][0].slug)
+    return render(request, "analytics/team_list.html", {"teams": teams, "target": target})
 
 
 @login_required
