@@ -57,7 +57,7 @@ class Curve:
         """Points of one metric: raw value, smoothed line, bucket range (for the link)."""
         raw = [b.values()[metric] for b in self.buckets]
         line = smooth(raw, weight)
-        return [{"x": (b.lo + b.hi) / 2, "lo": b.lo, "hi": b.hi, "y": v, "line": s, "episodes": b.episodes,
+        return [{"x": b.lo if b.lo == b.hi else (b.lo + b.hi) / 2, "lo": b.lo, "hi": b.hi, "y": v, "line": s, "episodes": b.episodes,
                  "single": b.single} for b, v, s in zip(self.buckets, raw, line, strict=True)]
 
 

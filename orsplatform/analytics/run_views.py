@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -185,7 +185,7 @@ def run_page(request: HttpRequest, team: str) -> HttpResponse:
         "splits": sorted(facets["splits"]),
         "episodes_total": sum(len(points) for _, points in series),
         "all_episodes_url": episodes_url + "?" + selected,
-        "api_urls": [f"/api/v1/runs/{name}" for name in params.names],
+        "api_urls": [f"/api/v1/runs/{quote(name, safe='')}" for name in params.names],
     })
     return render(request, "analytics/run.html", context)
 
