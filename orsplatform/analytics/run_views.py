@@ -6,6 +6,7 @@ the linked session's tool calls). Thin: parse, call runs.selectors, draw (run_cu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -15,7 +16,7 @@ from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from orsplatform.analytics import charts
+from orsplatform.analytics import charts, run_selectors
 from orsplatform.analytics.run_curves import METRICS, PER_CHOICES, SMOOTHING_CHOICES, build_curves, x_label
 from orsplatform.analytics.selectors import call_row
 from orsplatform.runs import selectors as runs
@@ -110,9 +111,15 @@ def runs_list(request: HttpRequest, team: str) -> HttpResponse:
 
 
 def _trajectory_url(team: Team, point: Any) -> str:
-    if point.kind == "session":
-        return reverse("analytics:session", args=[team.slug, point.ref])
-    return reverse("analytics:rollout", args=[team.slug, point.ref])
+    # One reverse() per kind and page, not per point: a chart has thousands of points.
+    bases = _trajectory_bases(team.slug)
+    return bases[point.kind].replace("~ref~", quote(point.ref, safe=""))
+
+
+@lru_cache(maxsize=256)
+def _trajectory_bases(team_slug: str) -> dict[str, str]:
+    return {"session": reverse("analytics:session", args=[team_slug, "~ref~"]),
+            "rollout": reverse("analytics:rollout", args=[team_slug, "~ref~"])}
 
 
 def _facet_filters(curve, params: RunParams) -> dict[str, Any]:
@@ -141,18 +148,16 @@ def run_page(request: HttpRequest, team: str) -> HttpResponse:
         params = parse_run_params(request.GET)
     except ValidationError as exc:
         return render(request, "analytics/run.html", {**context, "errors": exc.messages}, status=400)
-    summaries = []
-    for name in params.names:
-        summary = runs.run_summary(team=team_obj, name=name)
-        if summary is None:
-            raise Http404("No such run.")
-        summaries.append(summary)
-    facets: dict[str, set] = {"environments": set(), "versions": set(), "splits": set()}
-    for name in params.names:
-        for key, values in runs.run_facets(team=team_obj, name=name).items():
-            facets[key].update(values)
-    series = [(name, runs.run_series(team=team_obj, name=name, environment=params.environment,
-                                     version=params.version, split=params.split)) for name in params.names]
+    found = run_selectors.run_summaries(team=team_obj, names=params.names)
+    if len(found) < len(params.names):
+        raise Http404("No such run.")
+    summaries = [found[name] for name in params.names]
+    # Each run's series is read once, unfiltered: its facets fill the filter controls, and the
+    # filters are applied to the points (no second pass over the database).
+    everything = [(name, runs.run_series(team=team_obj, name=name)) for name in params.names]
+    facets = run_selectors.facets_of(p for _, points in everything for p in points)
+    series = [(name, run_selectors.filter_points(points, environment=params.environment, version=params.version,
+                                                 split=params.split)) for name, points in everything]
     curves = build_curves(series, per=params.per)
     episodes_url = reverse("analytics:run_episodes", args=[team_obj.slug])
     drawn = {}
@@ -181,8 +186,7 @@ def run_page(request: HttpRequest, team: str) -> HttpResponse:
         "params": params, "summaries": summaries, "charts": drawn,
         "legend": [{"label": c.label, "color": charts.color_of(i), "episodes": c.episodes}
                    for i, c in enumerate(curves)],
-        "environments": sorted(facets["environments"]), "versions": sorted(facets["versions"]),
-        "splits": sorted(facets["splits"]),
+        "environments": facets["environments"], "versions": facets["versions"], "splits": facets["splits"],
         "episodes_total": sum(len(points) for _, points in series),
         "all_episodes_url": episodes_url + "?" + selected,
         "api_urls": [f"/api/v1/runs/{quote(name, safe='')}" for name in params.names],
