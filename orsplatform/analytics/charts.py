@@ -305,3 +305,80 @@ def bars(items: Sequence[tuple[str, float]], *, title: str, x_label: str, percen
         parts.append(f'<text x="{x(value) + 4:.1f}" y="{ty + 12}" font-size="11" fill="#334">{_e(shown)}</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))
+
+
+PALETTE = COLORS + ("#0e7490", "#be185d", "#4d7c0f", "#7c2d12", "#475569")
+
+
+def color_of(index: int) -> str:
+    """The colour of the index-th curve: the same in every chart of a page and in its legend."""
+    return PALETTE[index % len(PALETTE)]
+
+
+def xy_lines(curves: Sequence[tuple[str, Sequence[dict]]], *, title: str, x_label: str, y_label: str,
+             percent: bool = False, y_min: float | None = 0, y_max: float | None = None,
+             note: str = "No episodes.") -> SafeString:
+    """Lines over a numeric x axis (training steps), one per curve, several overlaid. Each point is a
+    dict {"x", "y" (raw value or None), "line" (the smoothed value drawn as the line, default y),
+    "href" (where a click goes: its trajectories), "label" (tooltip)}. The raw values are the marks
+    (links); the line goes through the smoothed ones, so smoothing never hides what was measured.
+    Curves keep their colours by position (color_of), so a page draws one legend for all its charts."""
+    chart_id = f"chart-{next(_ids)}"
+    xs = [p["x"] for _, pts in curves for p in pts if p.get("y") is not None]
+    ys = [v for _, pts in curves for p in pts for v in (p.get("y"), p.get("line")) if v is not None]
+    empty = not xs
+    desc = "No data." if empty else (f"{len(curves)} curve{'s' if len(curves) != 1 else ''}, x from {fmt(min(xs))} "
+                                     f"to {fmt(max(xs))}: " + "; ".join(name for name, _ in curves))
+    parts = _open(chart_id, title, desc, empty=empty)
+    _axes(parts, x_label=x_label, y_label=y_label)
+    if empty:
+        _empty(parts, note)
+        parts.append("</svg>")
+        return mark_safe("".join(parts))
+    if percent and y_max is None:
+        y_max = 100.0
+    lo = min(ys) if y_min is None else min(y_min, min(ys))
+    hi = max(ys) if y_max is None else max(y_max, max(ys))
+    y = _y_scale(parts, lo, hi if hi > lo else lo + 1, percent=percent)
+    bottom = HEIGHT - BOTTOM
+    x_lo, x_hi = min(xs), max(xs)
+    integer = all(float(v).is_integer() for v in xs)
+    ticks = nice_ticks(x_lo, x_hi if x_hi > x_lo else x_lo + 1, 6, integer=integer)
+    t0, t1 = ticks[0], ticks[-1]
+    plot_w = WIDTH - RIGHT - LEFT - 8
+
+    def x(value: float) -> float:
+        return LEFT + 4 + (value - t0) / (t1 - t0) * plot_w
+
+    for tick in ticks:
+        parts.append(f'<text class="tick x-tick" x="{x(tick):.1f}" y="{bottom + 15}" text-anchor="middle" '
+                     f'font-size="11" fill="#667">{_e(fmt(tick))}</text>')
+    count = sum(1 for _, pts in curves for p in pts if p.get("y") is not None)
+    radius = 3.0 if count <= 150 else 2.0
+    for index, (name, pts) in enumerate(curves):
+        color = color_of(index)
+        segments: list[list[str]] = [[]]
+        for p in pts:
+            value = p.get("line", p.get("y"))
+            if value is None:
+                segments.append([])
+                continue
+            segments[-1].append(f"{x(p['x']):.1f},{y(value):.1f}")
+        for segment in segments:
+            if len(segment) > 1:
+                parts.append(f'<polyline class="line" data-curve="{index}" points="{" ".join(segment)}" fill="none" '
+                             f'stroke="{color}" stroke-width="2"/>')
+        smoothed = any(p.get("line") is not None and p.get("line") != p.get("y") for p in pts)
+        for p in pts:
+            if p.get("y") is None:
+                continue
+            suffix = "%" if percent else ""
+            label = p.get("label") or f"{name}: {fmt(p['y'])}{suffix} at {fmt(p['x'])}"
+            mark = (f'<circle class="mark" cx="{x(p["x"]):.1f}" cy="{y(p["y"]):.1f}" r="{radius}" fill="{color}" '
+                    f'{"fill-opacity=" + chr(34) + "0.45" + chr(34) + " " if smoothed else ""}'
+                    f'data-value="{p["y"]}" data-x="{p["x"]}" data-curve="{index}"><title>{_e(label)}</title></circle>')
+            if p.get("href"):
+                mark = f'<a class="point-link" href="{_e(p["href"])}">{mark}</a>'
+            parts.append(mark)
+    parts.append("</svg>")
+    return mark_safe("".join(parts))

@@ -26,6 +26,7 @@ from django.db.models.functions import Cast, Coalesce, Floor, Trunc
 from django.utils import timezone
 
 from orsplatform.analytics import latency
+from orsplatform.analytics import order as episode_order
 from orsplatform.analytics.filters import SessionFilters, Window, environment_q, outcome_of, sort_order
 from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
 from orsplatform.catalog.hidden import redact
@@ -366,6 +367,15 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
         per_period.append({"t": moment, "episodes": n, "mean_reward": (r["reward_sum"] or 0) / n if n else None,
                            "success_rate": _ratio(r["passed"], n) if n else None})
 
+    # 200 episodes inside a minute fill one time bucket: the reward and pass-rate charts then go by
+    # episode order instead, so they still draw a line (analytics/order.py).
+    per_episode: list[dict[str, Any]] = []
+    if episode_order.wants_episode_order(buckets_with_data=sum(1 for p in per_period if p["episodes"]),
+                                 episodes=total.get("scored", 0)):
+        per_episode = episode_order.group_in_order(
+            scored.order_by("created_at", "id").values_list("total_reward", flat=True).iterator(chunk_size=5000),
+            pass_reward=threshold)
+
     # Tool calls: counts from the hourly rollup, latency from the daily bucket counts.
     tools = {r["name"]: r for r in _call_rollups(team, span).filter(target).values("name").annotate(
         calls=Sum("calls"), errors=Sum("errors"), timed=Sum("timed_calls"), latency_sum=Sum("latency_ms_sum")).order_by()}
@@ -433,6 +443,7 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
         "episode_length_histogram": _histogram(ended, "calls", count=total.get("ended", 0), lo=0, hi=longest,
                                                integer=True),
         "per_period": per_period,
+        "per_episode": per_episode,
         "latency_granularity": lat_gran,
         "latency_per_period": latency_per_period,
         "tools": tool_rows,

@@ -12,7 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import NoReverseMatch, reverse
 
-from orsplatform.analytics import charts, export, selectors
+from orsplatform.analytics import charts, export, order, selectors
 from orsplatform.analytics.filters import (
     OUTCOMES,
     RANGE_LABELS,
@@ -72,9 +72,11 @@ def _fail(request: HttpRequest, template: str, context: dict[str, Any], exc: Val
 @login_required
 def index(request: HttpRequest) -> HttpResponse:
     teams = teams_for_user(user=request.user)
+    # The site navigation's "Runs" comes here too (?to=runs): team slugs own the next path segment.
+    target = "analytics:runs" if request.GET.get("to") == "runs" else "analytics:overview"
     if len(teams) == 1:
-        return redirect("analytics:overview", team=teams[0][0].slug)
-    return render(request, "analytics/team_list.html", {"teams": teams})
+        return redirect(target, team=teams[0][0].slug)
+    return render(request, "analytics/team_list.html", {"teams": teams, "target": target})
 
 
 @login_required
@@ -161,12 +163,7 @@ def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -
             "rewards": charts.histogram(
                 data["reward_histogram"], title="Reward distribution",
                 x_label="Total reward per episode (reward units)", y_label="Episodes (count)"),
-            "mean_reward": charts.time_series(
-                times, [("Mean reward", [p["mean_reward"] for p in data["per_period"]])], title="Mean reward over time",
-                y_label="Mean reward (per episode)", granularity=gran),
-            "success": charts.time_series(
-                times, [("Success rate", [_pct(p["success_rate"]) for p in data["per_period"]])],
-                title="Success rate over time", y_label="Success rate (%)", granularity=gran, percent=True),
+            **_reward_charts(data, times, gran),
             "lengths": charts.histogram(
                 data["episode_length_histogram"], title="Episode length distribution",
                 x_label="Episode length (tool calls per episode)", y_label="Episodes (count)", integer_edges=True),
@@ -179,6 +176,35 @@ def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -
     for row in (*data["hardest_tasks"], *data["easiest_tasks"], *data["splits"]):
         row["pass_rate_pct"] = _pct(row["pass_rate"])
     return render(request, "analytics/environment.html", context)
+
+
+def _reward_charts(data: dict[str, Any], times: list, gran: str) -> dict[str, Any]:
+    """Mean reward and success rate over time, or over episode order when the episodes crowd into
+    too few time buckets to draw a line (the selector then fills per_episode)."""
+    groups = data["per_episode"]
+    if not groups:
+        return {
+            "mean_reward": charts.time_series(
+                times, [("Mean reward", [p["mean_reward"] for p in data["per_period"]])], title="Mean reward over time",
+                y_label="Mean reward (per episode)", granularity=gran),
+            "success": charts.time_series(
+                times, [("Success rate", [_pct(p["success_rate"]) for p in data["per_period"]])],
+                title="Success rate over time", y_label="Success rate (%)", granularity=gran, percent=True),
+        }
+    labels = [order.order_label(g) for g in groups]
+    names = [f"episode {label}" if g["episodes"] == 1 else f"episodes {label}" for g, label in zip(groups, labels,
+                                                                                                      strict=True)]
+    per = max(g["episodes"] for g in groups)
+    x_label = "Episode (in the order started)" + (f", up to {per} per point" if per > 1 else "")
+    return {
+        "mean_reward": charts.lines(
+            labels, names, [("Mean reward", [g["mean_reward"] for g in groups])], title="Mean reward by episode order",
+            x_label=x_label, y_label="Mean reward (per episode)"),
+        "success": charts.lines(
+            labels, names, [("Success rate", [_pct(g["success_rate"]) for g in groups])],
+            title="Success rate by episode order", x_label=x_label, y_label="Success rate (%)", percent=True,
+            y_max=100.0),
+    }
 
 
 def _sort_links(request: HttpRequest, query: dict[str, str], sort: str) -> dict[str, dict[str, str]]:

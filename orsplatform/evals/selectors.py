@@ -44,6 +44,38 @@ def _interval(pair: tuple[float, float] | None) -> list[float] | None:
     return None if pair is None else [round(pair[0], 6), round(pair[1], 6)]
 
 
+# How a scored episode ended, in the words of the run page. A fault (the agent, the environment or
+# the protocol broke the episode) is not a low score: an agent that answered wrongly scored nothing,
+# it did not fail. The four are disjoint and add up to the scored episodes.
+OUTCOMES = {
+    "passed": "passed",
+    "partial": "scored below the pass threshold",
+    "zero": "scored nothing",
+    "fault": "ended by a fault (agent, environment or protocol)",
+}
+
+
+def _outcome_q(outcome: str) -> Q:
+    clean = Q(error="")
+    nothing = Q(reward__isnull=True) | Q(reward__lte=0)
+    return {
+        "passed": Q(passed=True),
+        "partial": Q(passed=False) & clean & ~nothing,
+        "zero": Q(passed=False) & clean & nothing,
+        "fault": Q(passed=False) & ~clean,
+    }[outcome]
+
+
+def episode_outcome(e: EvalEpisode) -> str | None:
+    if e.status != EvalEpisode.Status.SCORED:
+        return None
+    if e.passed:
+        return "passed"
+    if e.error:
+        return "fault"
+    return "zero" if e.reward is None or e.reward <= 0 else "partial"
+
+
 def run_numbers(*, run: EvalRun) -> dict[str, Any]:
     """Progress and scores of a run, in one aggregate over its episodes. A scored episode without a
     reward (the agent failed before any) counts as reward 0."""
@@ -51,8 +83,11 @@ def run_numbers(*, run: EvalRun) -> dict[str, Any]:
     agg = EvalEpisode.objects.filter(run=run).aggregate(
         done=Count("id", filter=scored),
         running=Count("id", filter=Q(status=EvalEpisode.Status.RUNNING)),
-        passed=Count("id", filter=scored & Q(passed=True)),
+        # Aliases differ from the fields they count: an alias named like a field shadows it in the
+        # other aggregates' filters.
+        passes=Count("id", filter=scored & Q(passed=True)),
         failed=Count("id", filter=scored & ~Q(error="")),
+        **{f"outcome_{name}": Count("id", filter=scored & _outcome_q(name)) for name in OUTCOMES if name != "passed"},
         reward_sum=Sum("reward", filter=scored),
         reward_sq=Sum(F("reward") * F("reward"), filter=scored),
         turns=Sum("turns", filter=scored),
@@ -66,10 +101,14 @@ def run_numbers(*, run: EvalRun) -> dict[str, Any]:
         "total": run.total,
         "done": done,
         "running": agg["running"],
-        "passed": agg["passed"],
+        "passed": agg["passes"],
         "errors": agg["failed"],
-        "pass_rate": agg["passed"] / done if done else None,
-        "pass_rate_interval": _interval(wilson(agg["passed"], done)),
+        # Disjoint with passed: scored below the threshold, scored nothing, ended by a fault.
+        "partial": agg["outcome_partial"],
+        "zero_reward": agg["outcome_zero"],
+        "faults": agg["outcome_fault"],
+        "pass_rate": agg["passes"] / done if done else None,
+        "pass_rate_interval": _interval(wilson(agg["passes"], done)),
         "mean_reward": round(mean, 6) if mean is not None else None,
         "mean_reward_interval": _interval(interval),
         "turns": agg["turns"] or 0,
@@ -80,7 +119,8 @@ def run_numbers(*, run: EvalRun) -> dict[str, Any]:
 
 
 def episode_row(e: EvalEpisode) -> dict[str, Any]:
-    return {"task_index": e.task_index, "status": e.status, "sid": e.sid or None, "reward": e.reward,
+    return {"task_index": e.task_index, "status": e.status, "outcome": episode_outcome(e), "sid": e.sid or None,
+            "reward": e.reward,
             "passed": e.passed, "finished": e.finished, "stop_reason": e.stop_reason or None,
             "error": e.error or None, "turns": e.turns, "tool_calls": e.tool_calls,
             "input_tokens": e.input_tokens, "output_tokens": e.output_tokens, "duration_s": e.duration_s}
@@ -126,6 +166,32 @@ def reward_histogram(*, run: EvalRun) -> list[dict]:
     for r in rewards:
         counts[min(HISTOGRAM_BINS - 1, int((r - lo) / width))] += 1
     return [{"lo": lo + i * width, "hi": lo + (i + 1) * width, "count": c} for i, c in enumerate(counts)]
+
+
+EPISODES_PER_PAGE = 200
+
+
+def episodes_page(*, run: EvalRun, page: int = 1, outcome: str = "",
+                  per_page: int = EPISODES_PER_PAGE) -> dict[str, Any]:
+    """Every episode of a run, a page at a time, in task order; `outcome` (a key of OUTCOMES, or
+    "unscored") narrows it. Pages past the end are empty, never an error."""
+    qs = EvalEpisode.objects.filter(run=run).defer("transcript")
+    if outcome == "unscored":
+        qs = qs.exclude(status=EvalEpisode.Status.SCORED)
+    elif outcome in OUTCOMES:
+        qs = qs.filter(status=EvalEpisode.Status.SCORED).filter(_outcome_q(outcome))
+    total = qs.count()
+    pages = max(1, -(-total // per_page))
+    page = min(max(1, page), pages)
+    rows = list(qs.order_by("task_index")[(page - 1) * per_page: page * per_page])
+    return {"total": total, "page": page, "pages": pages, "outcome": outcome,
+            "episodes": [{**episode_row(e), "label": OUTCOMES.get(episode_outcome(e) or "", e.status)} for e in rows]}
+
+
+def completion_series(*, run: EvalRun) -> list[dict[str, Any]]:
+    """Scored episodes in the order they ended (reward, passed), for the run's live chart."""
+    return [{"reward": r or 0.0, "passed": p} for r, p in EvalEpisode.objects.filter(
+        run=run, status=EvalEpisode.Status.SCORED).order_by("ended_at", "id").values_list("reward", "passed")]
 
 
 def slowest_episodes(*, run: EvalRun, limit: int = 10) -> list[EvalEpisode]:

@@ -7,14 +7,17 @@ leaves out the buttons its reader may not use."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from orsplatform.analytics import charts
+from orsplatform.analytics import charts, order
 from orsplatform.catalog.models import Environment
 from orsplatform.evals import selectors, services
 from orsplatform.evals.forms import AgentForm, RunForm
@@ -127,6 +130,27 @@ def agent_remove_view(request: HttpRequest, team: str, agent_id: int) -> HttpRes
     return redirect("evals:agents", team=team_obj.slug)
 
 
+def _progress_chart(run_obj: EvalRun):
+    """Pass rate as the episodes end (per group of consecutive episodes, and so far), drawn while the
+    run goes on: the page's live region refetches it."""
+    series = selectors.completion_series(run=run_obj)
+    groups = order.group_in_order([e["reward"] for e in series], passed=[e["passed"] for e in series])
+    labels = [order.order_label(g) for g in groups]
+    per = max((g["episodes"] for g in groups), default=1)
+    return charts.lines(
+        labels, [f"episodes {label} (in the order they ended)" for label in labels],
+        [("Pass rate so far", [g["cumulative_success_rate"] * 100 for g in groups]),
+         ("Pass rate of these episodes", [g["success_rate"] * 100 for g in groups])],
+        title="Pass rate as episodes end", x_label="Episodes, in the order they ended"
+        + (f" (up to {per} per point)" if per > 1 else ""), y_label="Pass rate (%)", percent=True, y_max=100.0,
+        note="No episode has ended yet.")
+
+
+def _page_number(request: HttpRequest) -> int:
+    raw = request.GET.get("page", "1")
+    return int(raw) if raw.isdigit() and len(raw) < 9 else 1
+
+
 @login_required
 def run(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
     team_obj = _team(request, team)
@@ -134,9 +158,24 @@ def run(request: HttpRequest, team: str, run_id: int) -> HttpResponse:
     detail = selectors.run_detail(run=run_obj)
     histogram = charts.histogram(selectors.reward_histogram(run=run_obj), title="Reward per episode",
                                  x_label="Reward", y_label="Episodes (count)")
+    outcome = request.GET.get("outcome", "")
+    if outcome not in (*selectors.OUTCOMES, "unscored"):
+        outcome = ""
+    episodes = selectors.episodes_page(run=run_obj, page=_page_number(request), outcome=outcome,
+                                       per_page=selectors.EPISODES_PER_PAGE)
+    base = reverse("evals:run", args=[team_obj.slug, run_obj.id])
+    keep = {"outcome": outcome} if outcome else {}
     return render(request, "evals/run.html", {
         "team": team_obj, "run": run_obj, "d": detail, "histogram": histogram, **_abilities(request, team_obj),
-        "unscored": detail["total"] - detail["done"],
+        "unscored": detail["total"] - detail["done"], "live": run_obj.is_active,
+        "progress_chart": _progress_chart(run_obj), "episodes": episodes,
+        "outcome_links": [{"key": key, "label": label, "url": base + ("?" + urlencode({"outcome": key}) if key else "") + "#episodes",
+                           "active": key == outcome}
+                          for key, label in (("", "all"), *selectors.OUTCOMES.items(), ("unscored", "not scored yet"))],
+        "prev_url": base + "?" + urlencode({**keep, "page": episodes["page"] - 1}) + "#episodes"
+        if episodes["page"] > 1 else None,
+        "next_url": base + "?" + urlencode({**keep, "page": episodes["page"] + 1}) + "#episodes"
+        if episodes["page"] < episodes["pages"] else None,
         "slowest": selectors.slowest_episodes(run=run_obj), "failed": selectors.failed_episodes(run=run_obj)})
 
 

@@ -1,0 +1,60 @@
+"""Reads for the run pages that several runs share, so overlaying runs costs a constant number of
+queries per page plus the runs' series (runs.selectors.run_series), not a handful per run.
+
+A run's series is read once, unfiltered: the filter controls offer what it holds (its facets) and
+the environment / version / split filters are applied to its points here. Every function takes the
+caller's team."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db.models import Count, Max, Min, Q, Sum
+
+from orsplatform.episodes.models import Session
+from orsplatform.runs.models import Run
+from orsplatform.runs.selectors import RunPoint, RunSummary
+from orsplatform.teams.models import Team
+
+
+def run_summaries(*, team: Team, names: Sequence[str]) -> dict[str, RunSummary]:
+    """The team's runs among `names` (two queries whatever their number); unknown names are absent."""
+    runs = {r.name: r for r in Run.objects.filter(team=team, name__in=list(names))}
+    sessions = {r["run_name"]: r for r in Session.objects.filter(team=team, run_name__in=list(runs)).values("run_name")
+                .annotate(n=Count("id"), reward_sum=Sum("total_reward"),
+                          scored=Count("id", filter=Q(total_reward__isnull=False)), first=Min("created_at"),
+                          last=Max("created_at")).order_by()}
+    out = {}
+    for name, run in runs.items():
+        s = sessions.get(name, {})
+        scored = run.rewarded + (s.get("scored") or 0)
+        out[name] = RunSummary(
+            name=name, rollouts=run.rollouts, episodes=s.get("n") or 0, messages=run.messages,
+            mean_reward=(run.reward_sum + (s.get("reward_sum") or 0.0)) / scored if scored else None,
+            first_seen=min(t for t in (run.first_seen_at, s.get("first")) if t is not None),
+            last_seen=max(t for t in (run.last_seen_at, s.get("last")) if t is not None),
+            model_name=run.model_name, info=run.info)
+    return out
+
+
+def facets_of(points: Iterable[RunPoint]) -> dict[str, list[Any]]:
+    """The environments, versions and splits some points used (the filter controls' choices)."""
+    envs, versions, splits = set(), set(), set()
+    for p in points:
+        if p.environment:
+            envs.add(p.environment)
+        if p.version is not None:
+            versions.add(p.version)
+        if p.split:
+            splits.add(p.split)
+    return {"environments": sorted(envs), "versions": sorted(versions), "splits": sorted(splits)}
+
+
+def filter_points(points: Iterable[RunPoint], *, environment: str | None, version: int | None,
+                  split: str | None) -> list[RunPoint]:
+    """The points of one environment ("team/slug"), version number and split; None matches any."""
+    return [p for p in points
+            if (environment is None or p.environment == environment)
+            and (version is None or p.version == version)
+            and (split is None or p.split == split)]
