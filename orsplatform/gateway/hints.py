@@ -54,20 +54,21 @@ def unknown_tool(name: str, tools: Iterable[str]) -> str:
 
 
 def closest_name(ref: str, names: Iterable[str]) -> str | None:
-    """The visible environment name closest to `ref` (compared whole, and by slug for a bare slug
-    or a wrong team), or None when nothing is close."""
-    names = list(names)
+    """The visible environment name closest to `ref`, or None when nothing is close. Slugs are
+    compared (a shared team prefix alone makes no name close), and among equally close slugs the
+    team closest to the one written wins."""
     if len(ref) > 200:
         return None
-    best = difflib.get_close_matches(ref, names, n=1, cutoff=0.6)
-    if best:
-        return best[0]
-    by_slug: dict[str, str] = {}
+    team, _, slug = ref.partition("@")[0].rpartition("/")
+    by_slug: dict[str, list[str]] = {}
     for name in names:
-        by_slug.setdefault(name.rpartition("/")[2], name)
-    slug = ref.partition("@")[0].rpartition("/")[2]
-    best = difflib.get_close_matches(slug, list(by_slug), n=1, cutoff=0.6)
-    return by_slug[best[0]] if best else None
+        by_slug.setdefault(name.rpartition("/")[2], []).append(name)
+    best = difflib.get_close_matches(slug.lower(), list(by_slug), n=1, cutoff=0.6)
+    if not best:
+        return None
+    team = team.lower()
+    return max(by_slug[best[0]],
+               key=lambda name: difflib.SequenceMatcher(None, team, name.rpartition("/")[0].lower()).ratio())
 
 
 def unknown_environment(ref: str, suggestion: str | None, *, deployment: bool = False) -> GatewayError:
