@@ -28,7 +28,7 @@ import_module(settings.ROOT_URLCONF)
 
 # First path segments served by Django (web admin, REST API, static files, later adapters).
 DJANGO_PREFIXES = frozenset({"", "admin", "api", "console", "static", "media", "accounts", "analytics",
-                             "aap", "ready", "environments"})
+                             "aap", "ready", "environments", "v1"})
 OPENENV_PREFIX = "openenv"
 assert DJANGO_PREFIXES - {""} | {OPENENV_PREFIX} <= RESERVED_SEGMENTS
 

@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "orsplatform.runners",  # its beat tasks (runners/tasks.py); no models
     "orsplatform.hub",
     "orsplatform.evals",  # AAP agents, evaluation runs and leaderboards
+    "orsplatform.runs",  # training runs and the rollouts the openreward client logs
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -237,6 +238,11 @@ ORS_MAX_CONNECTIONS = env_int("ORS_MAX_CONNECTIONS", 32768)
 ORS_FD_HEADROOM = env_int("ORS_FD_HEADROOM", 256)
 ORS_CONNECTION_RESERVE = env_int("ORS_CONNECTION_RESERVE", 256)
 ORS_MAX_REQUEST_BYTES = env_int("ORS_MAX_REQUEST_BYTES", 1024 * 1024)
+# The Rollout API (POST /v1/rollouts, docs/runs.md): the openreward client's batches are at most
+# 1 MB of events (one larger event goes alone), so a body may be 2 MiB as sent (still held in
+# memory, FILE_UPLOAD_MAX_MEMORY_SIZE) and, gzipped, 16 MiB once decompressed.
+ORS_ROLLOUT_MAX_BODY_BYTES = env_int("ORS_ROLLOUT_MAX_BODY_BYTES", 2 * 1024 * 1024)
+ORS_ROLLOUT_MAX_JSON_BYTES = env_int("ORS_ROLLOUT_MAX_JSON_BYTES", 16 * 1024 * 1024)
 # On PostgreSQL the hot path's writes run on the event loop (psycopg async), not on a DB thread.
 ORS_PG_ASYNC_WRITES = env_bool("ORS_PG_ASYNC_WRITES", True)
 ORS_MAX_HEADER_BYTES = env_int("ORS_MAX_HEADER_BYTES", 16 * 1024)

@@ -15,5 +15,6 @@ urlpatterns = [
     path("analytics/", include("orsplatform.analytics.urls")),
     path("aap/", include("orsplatform.evals.urls")),
     path("api/", include("orsplatform.api.urls")),
+    path("v1/", include("orsplatform.runs.urls")),  # the openreward client's Rollout API
     path("admin/", admin.site.urls),
 ]

@@ -46,10 +46,14 @@ class Session(models.Model):
     # The prompt blocks as served on the wire (text and base64 images), recorded on the first
     # /prompt so the session explorer can replay an episode without importing tenant code.
     prompt = models.JSONField(null=True, blank=True)
+    # The training run this episode belongs to (runs.Run.name within the team): X-Run header, a
+    # `run` field in /create or OpenEnv reset, else the API key's name. See docs/runs.md.
+    run_name = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
         indexes = [
             models.Index(fields=["team", "created_at"]),
+            models.Index(fields=["team", "run_name", "created_at"]),
             models.Index(fields=["environment", "created_at"]),
             models.Index(fields=["status", "last_activity_at"]),
         ]

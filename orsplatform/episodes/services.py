@@ -26,7 +26,7 @@ def session_fields(row: dict[str, Any], now: datetime) -> dict[str, Any]:
         "task_spec": row["task_spec"], "split": row.get("split", ""), "task_index": row.get("index"),
         "status": Session.Status.CREATING.value, "runner": row.get("runner", ""), "error": "",
         "created_at": now, "last_activity_at": now, "calls": 0, "finished": False,
-        "protocol": row.get("protocol", Session.Protocol.ORS.value),
+        "protocol": row.get("protocol", Session.Protocol.ORS.value), "run_name": row.get("run_name", ""),
     }
 
 

@@ -41,6 +41,7 @@ from orsplatform.runners.executor import (
     UnknownSession,
 )
 from orsplatform.runners.redact import redact, secret_values
+from orsplatform.runs.naming import run_name_for
 from orsplatform.teams.auth import Access, Caller, authorize_async
 
 log = logging.getLogger("orsplatform.gateway")
@@ -139,9 +140,11 @@ class EpisodeGateway:
     async def create_episode(self, caller: Caller, *, sid: str, env: EnvHandle, task_spec: Any = None,
                              split: str | None = None, index: int | None = None,
                              secrets: dict[str, str] | None = None, protocol: str = "ors",
-                             slot_taken: bool | None = None, runner: str | None = None) -> LiveSession:
+                             slot_taken: bool | None = None, runner: str | None = None,
+                             run: str | None = None) -> LiveSession:
         """Create the episode (a task spec, or split + index) and start setup in the background;
-        returns at once. Raises GatewayError (400 bad task, 429 at capacity, 503 no runner)."""
+        returns at once. Raises GatewayError (400 bad task, 429 at capacity, 503 no runner).
+        `run` names the training run (X-Run, a `run` field); none means the API key's name."""
         if split is not None:
             task_spec = await self.task_spec(env, split, index)
         if sid in self.sessions or (sid in self.deferred and slot_taken is None):
@@ -160,10 +163,13 @@ class EpisodeGateway:
         early = not self.executor.shared
         if early:
             await self._start(caller, sid, spec, runner, None)
+        run_name = run_name_for(caller, run)
         try:
+            if run_name and caller.team_id is not None:
+                await self.store.run_ensure(caller.team_id, run_name)
             pk = await self.store.session_create(
                 sid=sid, caller=caller, env=env, task_spec=task_spec, split=split or "", index=index,
-                runner=runner, protocol=protocol,
+                runner=runner, protocol=protocol, run_name=run_name,
             )
         except BaseException as exc:
             if early:
@@ -198,7 +204,7 @@ class EpisodeGateway:
 
     async def defer_episode(self, caller: Caller, *, sid: str, task_spec: Any = None, split: str | None = None,
                             index: int | None = None, secrets: dict[str, str] | None = None,
-                            protocol: str = "ors") -> None:
+                            protocol: str = "ors", run: str | None = None) -> None:
         """A create that names no environment: nothing is recorded or started until the session's
         first environment-scoped request names one (session()), or falls back to the default. The
         team's open-session slot is taken now, so capacity answers at create as usual."""
@@ -210,7 +216,7 @@ class EpisodeGateway:
         holds_slot = await self.limits.acquire_session(caller.team_id, sid, caller.max_open_sessions)
         self.deferred[sid] = DeferredEpisode(
             team_id=caller.team_id, task_spec=task_spec, split=split, index=index, protocol=protocol,
-            holds_slot=holds_slot, runner=runner, secrets=self._pending_secrets(caller, sid, secrets or {}))
+            holds_slot=holds_slot, runner=runner, secrets=self._pending_secrets(caller, sid, secrets or {}), run=run)
         self.pending.pop(sid, None)
 
     async def _bind(self, caller: Caller, sid: str, deferred: DeferredEpisode, named: str | None) -> LiveSession:
@@ -225,7 +231,7 @@ class EpisodeGateway:
             live = await self.create_episode(
                 caller, sid=sid, env=env, task_spec=deferred.task_spec, split=deferred.split,
                 index=deferred.index, secrets=deferred.secrets, protocol=deferred.protocol,
-                slot_taken=deferred.holds_slot, runner=deferred.runner)
+                slot_taken=deferred.holds_slot, runner=deferred.runner, run=deferred.run)
         except GatewayError as exc:
             if exc.status == 503:
                 deferred.runner = ""  # the runner chosen at create did not take it: choose again

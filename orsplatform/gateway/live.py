@@ -109,6 +109,7 @@ class DeferredEpisode:
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
     created: float = field(default_factory=time.monotonic)
     binding: asyncio.Future | None = None
+    run: str | None = None  # the training run the create named (X-Run / `run`), if any
 
 
 def instance_gone(exc: UnknownSession) -> GatewayError:

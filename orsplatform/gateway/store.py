@@ -37,6 +37,7 @@ from orsplatform.episodes.hot_writes import (
 from orsplatform.episodes.selectors import SessionRow
 from orsplatform.episodes.services import SessionTotals
 from orsplatform.gateway.errors import StoreUnavailable, Unstorable
+from orsplatform.runs import services as run_services
 from orsplatform.teams.auth import Caller, key_cache
 from orsplatform.teams.services import api_keys_touch
 
@@ -213,6 +214,8 @@ class Store:
         self._versions: dict[int, EnvHandle] = {}
         # Task specs by (split, revision, index): a re-ingest bumps the revision.
         self._tasks: dict[tuple[int, int, int], Any] = {}
+        # (team, run name) pairs whose runs.Run row this process has made sure of.
+        self._runs: set[tuple[int, str]] = set()
         pg_writers = []
         if connections["default"].vendor == "postgresql" and settings.ORS_PG_ASYNC_WRITES:
             from orsplatform.gateway.pg_writer import PgWriter
@@ -312,6 +315,15 @@ class Store:
 
     async def session_create(self, **kwargs: Any) -> int:
         return await self.writes.submit(SESSION_CREATE, **kwargs)
+
+    async def run_ensure(self, team_id: int, name: str) -> None:
+        """The run's row, written once per process and run (not once per episode)."""
+        if (team_id, name) in self._runs:
+            return
+        await self.writes.submit(run_services.run_ensure, team_id=team_id, name=name)
+        if len(self._runs) > 100_000:
+            self._runs.clear()
+        self._runs.add((team_id, name))
 
     async def session_discard(self, pk: int) -> None:
         await self.writes.submit(episode_services.session_discard, pk=pk)

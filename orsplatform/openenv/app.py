@@ -69,6 +69,7 @@ from orsplatform.openenv.wire import (
     validation_errors,
 )
 from orsplatform.ors.http import HttpError, read_body, send_error, send_json
+from orsplatform.runs.naming import RUN_HEADER, BadRunName, run_name_clean
 from orsplatform.teams.auth import Access, AccessDenied, AuthError, Caller, admit_environment, extract_token
 
 log = logging.getLogger("orsplatform.openenv")
@@ -363,8 +364,14 @@ class OpenEnvFace:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         session_id = (query.get("session_id") or [None])[0]
         if not session_id:
+            try:
+                run = run_name_clean(dict(scope["headers"]).get(RUN_HEADER.encode(), b"").decode("latin-1"))
+            except BadRunName as exc:
+                raise OpenEnvError(SESSION_ERROR, str(exc), status=400, close=CLOSE_POLICY) from None
             self.open_sockets.add(caller, token, socket)
-            return self.episodes.new_session(caller, env), True
+            session = self.episodes.new_session(caller, env)
+            session.run = run
+            return session, True
         session = self.episodes.mcp_session(caller, env, session_id)
         if session is None:
             raise OpenEnvError(SESSION_ERROR, f"Unknown session_id: {session_id}", status=404, close=CLOSE_NOT_FOUND)

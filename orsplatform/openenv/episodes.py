@@ -40,6 +40,7 @@ from orsplatform.openenv.wire import (
     observation_data,
     tool_spec,
 )
+from orsplatform.runs.naming import BadRunName, run_name_clean
 from orsplatform.teams.auth import Caller
 
 log = logging.getLogger("orsplatform.openenv")
@@ -83,6 +84,7 @@ class OpenEnvSession:
     split: str | None = None
     index: int | None = None
     attached: bool = False  # a socket serves this (MCP) session now
+    run: str | None = None  # the X-Run header its socket was opened with (reset's `run` wins)
     close_pending: bool = False  # openenv/session/close came while a socket held it
     last_used: float = field(default_factory=time.monotonic)
     # One message at a time, in order, whichever transport it came by.
@@ -194,11 +196,15 @@ class Episodes:
             task_spec = await self._guard(gw.task_spec(env, split, index))
         else:
             split = index = None
+        try:
+            run = run_name_clean(data.run) or session.run
+        except BadRunName as exc:
+            raise OpenEnvError(VALIDATION_ERROR, str(exc)) from None
         sid = gw.open_session(caller, secrets={}, env_vars={})
         with guard.hold() if guard is not None else contextlib.nullcontext():
             live = await self._guard(gw.create_episode(
                 caller, sid=sid, env=env, task_spec=task_spec if split is None else None, split=split,
-                index=index, secrets=data.secret_values(), protocol=PROTOCOL), creating=True)
+                index=index, secrets=data.secret_values(), protocol=PROTOCOL, run=run), creating=True)
             session.live = live
         session.step_count = 0
         session.episode_id = data.episode_id or sid

@@ -116,6 +116,8 @@ class ResetData(BaseModel):
     seed: int | None = None
     episode_id: str | None = Field(default=None, max_length=255)
     secrets: dict[str, str | SecretValue] | None = None
+    # The training run the episode belongs to (docs/runs.md); else the socket's X-Run, else the key's name.
+    run: str | None = Field(default=None, max_length=200)
     # An alias of index: TRL forwards each dataset row to reset(**row), and OpenRewardSpec's datasets
     # (and most others) name the column task_index; ignored, every rollout would play task 0.
     task_index: int | None = Field(default=None, ge=0)

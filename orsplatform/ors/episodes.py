@@ -15,6 +15,7 @@ from orsplatform.ors.wire import (
     secrets_from_body,
     secrets_from_header,
 )
+from orsplatform.runs.naming import RUN_HEADER, BadRunName, run_name_clean
 from orsplatform.teams.auth import Caller
 
 
@@ -50,17 +51,23 @@ async def create(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str 
         raise HttpError(400, f"Invalid index {index}: task indices start at 0.")
     secrets = secrets_from_header(req)
     secrets.update(secrets_from_body(body))
+    try:
+        # The body's `run` wins over the X-Run header; neither means the API key's name.
+        run = run_name_clean(body.get("run")) or run_name_clean(req.header(RUN_HEADER.encode()))
+    except BadRunName as exc:
+        raise HttpError(400, str(exc)) from None
 
     env = await named_environment(gw, req, caller, env_ref, body_env=env_name)
     if env is None and caller.environment_id is None:
         # ors.client's split+index sessions name their environment only in the paths of later
         # requests: the episode starts on the environment the first of them names.
-        await gw.defer_episode(caller, sid=sid, task_spec=task_spec, split=split, index=index, secrets=secrets)
+        await gw.defer_episode(caller, sid=sid, task_spec=task_spec, split=split, index=index, secrets=secrets,
+                               run=run)
         return {"sid": sid}
     if env is None:
         env = await default_environment(gw, caller)  # the key's bound environment
     await gw.create_episode(caller, sid=sid, env=env, task_spec=task_spec, split=split, index=index,
-                            secrets=secrets)
+                            secrets=secrets, run=run)
     return {"sid": sid}
 
 

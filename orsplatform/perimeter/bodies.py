@@ -28,6 +28,7 @@ UPLOAD_SLACK = 1024 * 1024
 # How much of a refused body is still read (and dropped) so the client reads its 413.
 DRAIN_BYTES = 8 * 1024 * 1024
 _SLUG = r"[-a-zA-Z0-9_]+"
+ROLLOUTS_PATH = "/v1/rollouts"
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,8 @@ def limit_bodies(app: ASGIApp) -> ASGIApp:
 
     async def limited(scope, receive, send) -> None:
         limit = settings.ORS_MAX_REQUEST_BYTES
+        if scope["path"] == ROLLOUTS_PATH and scope["method"] == "POST":
+            limit = settings.ORS_ROLLOUT_MAX_BODY_BYTES  # the openreward client's batches (runs/rollout_api.py)
         declared = declared_length(scope)
         upload = _upload_route(scope)
         if upload is not None and (declared is None or declared > limit):

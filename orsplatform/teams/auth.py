@@ -80,6 +80,8 @@ class Caller:
     # The team's limits (None: unlimited), refreshed with the key cache.
     max_open_sessions: int | None = None
     max_tool_calls_per_second: int | None = None
+    # The key's name: the run an episode belongs to when the client names none (docs/runs.md).
+    api_key_name: str = ""
 
     @property
     def is_anonymous(self) -> bool:
@@ -170,6 +172,7 @@ def verify_token(token: str) -> tuple[Caller, datetime | None]:
         team_id=key.team_id, team_slug=key.team.slug, api_key_id=key.id,
         scopes=frozenset(key.scopes or []), environment_id=key.environment_id,
         max_open_sessions=key.team.max_open_sessions, max_tool_calls_per_second=key.team.max_tool_calls_per_second,
+        api_key_name=key.name,
     )
     return caller, key.expires_at
 

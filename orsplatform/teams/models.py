@@ -11,6 +11,7 @@ RESERVED_SEGMENTS = frozenset({
     "health", "version", "list_environments", "create_session", "create", "ping", "delete",
     "delete_session", "tools", "splits", "tasks", "num_tasks", "task", "task_range", "task_tools",
     "prompt", "call", "messages", "ready", "environments",
+    "v1",  # the openreward client's Rollout API (/v1/rollouts, /v1/environments/...)
 })
 slug_validator = RegexValidator(r"^[a-z0-9][a-z0-9-]{0,62}$", "Use lowercase letters, digits and hyphens.")
 
