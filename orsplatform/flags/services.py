@@ -5,7 +5,8 @@ newest first, so a pass stays bounded however busy the platform is) and, per tea
 - fast_pass: a task's passes that took at most ORS_FLAGS_FAST_PASS_RATIO of its typical (median)
   pass's calls, once it has ORS_FLAGS_MIN_EPISODES passes (a shortcut to the reward, often a hack);
 - version_jump / run_jump: a task's pass rate moving by ORS_FLAGS_JUMP or more between consecutive
-  versions, or between runs (in the order they started), each side with ORS_FLAGS_MIN_EPISODES;
+  versions, or between runs (in the order they started), each side with ORS_FLAGS_MIN_EPISODES,
+  and unlikely by chance (a two-proportion z-test, z >= 3);
 - reward_range: tool rewards outside the version's manifest `reward_range = [lo, hi]`;
 - error_burst: the newest version's tool-error rate at least twice the previous version's (and at
   least ORS_FLAGS_ERROR_RATE) over ORS_FLAGS_MIN_CALLS calls.
@@ -80,6 +81,14 @@ def _rate(episodes: list[_Episode]) -> float:
     return sum(e.passed for e in episodes) / len(episodes)
 
 
+def _significant(old: list[_Episode], new: list[_Episode]) -> bool:
+    """A two-proportion z-test at z >= 3: a jump on a handful of episodes is chance more often than a
+    change (measured: with only the size rule, 12 of 1,600 steady tasks were flagged at 12 episodes)."""
+    pooled = (sum(e.passed for e in old) + sum(e.passed for e in new)) / (len(old) + len(new))
+    spread = (pooled * (1 - pooled) * (1 / len(old) + 1 / len(new))) ** 0.5
+    return spread == 0 or abs(_rate(new) - _rate(old)) / spread >= 3
+
+
 def _fast_passes(episodes: list[_Episode]) -> list[Found]:
     by_task: dict[tuple, list[_Episode]] = defaultdict(list)
     for e in episodes:
@@ -124,7 +133,7 @@ def _jumps(episodes: list[_Episode], *, by_run: bool) -> list[Found]:
             if len(old) < least or len(new) < least:
                 continue
             rate_old, rate_new = _rate(old), _rate(new)
-            if abs(rate_new - rate_old) < settings.ORS_FLAGS_JUMP:
+            if abs(rate_new - rate_old) < settings.ORS_FLAGS_JUMP or not _significant(old, new):
                 continue
             what = "run" if by_run else "version"
             label_old, label_new = (f"{before!r}", f"{after!r}") if by_run else (f"v{before}", f"v{after}")
