@@ -7,6 +7,7 @@ gets its result. The result is recorded in the audit log before any client can s
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -28,6 +29,7 @@ from orsplatform.runners.redact import redact
 log = logging.getLogger("orsplatform.gateway")
 
 Spawn = Callable[[Coroutine], Any]
+TASK_TOOLS_WAIT = 5.0  # seconds an unknown tool's answer waits for the task's own tool list
 
 
 class CallRunner:
@@ -113,7 +115,8 @@ class CallRunner:
         publishing, and the task's own, asked for only now: this is the error path)."""
         tools = [t["name"] for t in live.env.tools]
         try:
-            tools += [t["name"] for t in await self.executor.task_tools(live.sid)]
+            # Bounded: a slow list_task_tools must not hold the agent's answer for long.
+            tools += [t["name"] for t in await asyncio.wait_for(self.executor.task_tools(live.sid), TASK_TOOLS_WAIT)]
         except Exception as exc:  # the shared tools alone still name the fix
             log.info("could not list the task tools of session %s: %s", live.sid, type(exc).__name__)
         error = redact(unknown_tool(name, tools), live.secrets)
