@@ -52,6 +52,7 @@ from orsplatform.runners.sandbox.pool import RUNTIME_SUFFIX, sandboxed
 
 BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "runners" / "sandbox" / "build.py"
 SANDBOX_BUILD_SCRIPT = "/ors/build.py"
+SANDBOX_SOURCE_BUILD = "/build"  # a source build's own folder, inside its sandbox
 COMPLETE = ".complete"  # written last: a folder without it is a build that did not finish
 MiB = 1024 * 1024
 BUILD_OUTPUT_BYTES = MiB  # of the installer's output kept in the build log, per run
@@ -246,16 +247,20 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path 
         # (no shared cache, no environments), and its cache is thrown away with the sandbox's /tmp.
         socket_path = private / "registry.sock"
         env.update(UV_CACHE_DIR="/tmp/uv-cache", UV_LINK_MODE="copy")
-        all_binds = ["--bind", str(private), str(private), "--ro-bind", str(BUILD_SCRIPT), SANDBOX_BUILD_SCRIPT]
+        # At a neutral path: not even the environments' folder's name is in there.
+        all_binds = ["--bind", str(private), SANDBOX_SOURCE_BUILD, "--ro-bind", str(BUILD_SCRIPT), SANDBOX_BUILD_SCRIPT]
         if config.isolated:
+            commands = [[a.replace(str(private), SANDBOX_SOURCE_BUILD) for a in argv] for argv in commands]
             cgroup = WorkerCgroup.create(memory_bytes=limits.memory_bytes, processes=limits.processes,
                                          cpu_weight=config.cpu_weight)
     for etc in ("/etc/ssl", "/etc/ca-certificates"):
         if os.path.exists(etc):
             all_binds += ["--ro-bind", etc, etc]
-    argv = [_base_python(), "-I", SANDBOX_BUILD_SCRIPT, str(socket_path), json.dumps(commands)]
+    inside = f"{SANDBOX_SOURCE_BUILD}/registry.sock" if private is not None else str(socket_path)
+    argv = [_base_python(), "-I", SANDBOX_BUILD_SCRIPT, inside, json.dumps(commands)]
     if config.isolated:  # uv guards its caches with locks
-        cmd = sandboxed(config, limits, all_binds, argv, env, locks=True, cgroup=cgroup, chdir=str(private or "/tmp"))
+        cmd = sandboxed(config, limits, all_binds, argv, env, locks=True, cgroup=cgroup,
+                        chdir=SANDBOX_SOURCE_BUILD if private is not None else "/tmp")
     else:  # ORS_SANDBOX=none: tenants are not isolated anyway; the installer runs as it is
         cmd = [sys.executable, "-I", str(BUILD_SCRIPT), str(socket_path), json.dumps(commands)]
         if private is not None:
