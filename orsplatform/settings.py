@@ -320,6 +320,12 @@ ORS_MAX_COMPRESSION_RATIO = env_int("ORS_MAX_COMPRESSION_RATIO", 200)
 ORS_MAX_TASK_FILE_BYTES = env_int("ORS_MAX_TASK_FILE_BYTES", 4 * 1024 * 1024 * 1024)
 ORS_MAX_TASK_BYTES = env_int("ORS_MAX_TASK_BYTES", 8 * 1024 * 1024)  # one task (one JSONL line)
 ORS_UPLOAD_DIR = Path(os.environ.get("ORS_UPLOAD_DIR", VAR_DIR / "uploads"))
+# Data archives uploaded beside a package (docs/data.md): stored once by content hash in
+# ORS_DATA_DIR (shared with runner nodes like ORS_PACKAGE_DIR) and mounted read-only at /orwd_data.
+ORS_DATA_DIR = Path(os.environ.get("ORS_DATA_DIR", VAR_DIR / "data"))
+ORS_MAX_DATA_ARCHIVE_BYTES = env_int("ORS_MAX_DATA_ARCHIVE_BYTES", 1024 * 1024 * 1024)
+ORS_MAX_DATA_UNPACKED_BYTES = env_int("ORS_MAX_DATA_UNPACKED_BYTES", 8 * 1024 * 1024 * 1024)
+ORS_MAX_DATA_FILES = env_int("ORS_MAX_DATA_FILES", 100_000)
 # Large uploads stream to disk instead of memory; task files are read from there, never whole.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 # The perimeter of uploads and ingest (docs/uploads.md). A package's paths: at most this deep and
