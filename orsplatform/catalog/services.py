@@ -498,6 +498,7 @@ def _version_fail(version: EnvironmentVersion, check: str, message: str, log: py
     if not EnvironmentVersion.objects.filter(content_hash=version.content_hash).exclude(
             status=EnvironmentVersion.Status.FAILED).exists():
         shutil.rmtree(version.package_path, ignore_errors=True)
+        data.record(version.package_path, None)
     return version
 
 

@@ -61,7 +61,11 @@ def _handler(index: LocalIndex) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args) -> None:  # quiet: the test reads index.requests
             pass
 
-        def do_GET(self) -> None:
+        def do_HEAD(self) -> None:  # uv asks before a range request for a wheel's metadata
+            self.do_GET(head=True)
+
+        def do_GET(self, head: bool = False) -> None:
+            self.head = head
             path = self.path.split("?", 1)[0]
             if "://" in path:  # absolute form, as a proxy passes it on
                 path = "/" + path.split("://", 1)[1].split("/", 1)[1]
@@ -82,7 +86,8 @@ def _handler(index: LocalIndex) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if not self.head:
+                self.wfile.write(body)
 
     return Handler
 
