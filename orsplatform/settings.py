@@ -357,6 +357,12 @@ ORS_MAX_COMPRESSION_RATIO = env_int("ORS_MAX_COMPRESSION_RATIO", 200)
 ORS_MAX_TASK_FILE_BYTES = env_int("ORS_MAX_TASK_FILE_BYTES", 4 * 1024 * 1024 * 1024)
 ORS_MAX_TASK_BYTES = env_int("ORS_MAX_TASK_BYTES", 8 * 1024 * 1024)  # one task (one JSONL line)
 ORS_UPLOAD_DIR = Path(os.environ.get("ORS_UPLOAD_DIR", VAR_DIR / "uploads"))
+# Data archives uploaded beside a package (docs/data.md): stored once by content hash in
+# ORS_DATA_DIR (shared with runner nodes like ORS_PACKAGE_DIR) and mounted read-only at /orwd_data.
+ORS_DATA_DIR = Path(os.environ.get("ORS_DATA_DIR", VAR_DIR / "data"))
+ORS_MAX_DATA_ARCHIVE_BYTES = env_int("ORS_MAX_DATA_ARCHIVE_BYTES", 1024 * 1024 * 1024)
+ORS_MAX_DATA_UNPACKED_BYTES = env_int("ORS_MAX_DATA_UNPACKED_BYTES", 8 * 1024 * 1024 * 1024)
+ORS_MAX_DATA_FILES = env_int("ORS_MAX_DATA_FILES", 100_000)
 # Large uploads stream to disk instead of memory; task files are read from there, never whole.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 # The perimeter of uploads and ingest (docs/uploads.md). A package's paths: at most this deep and
@@ -387,6 +393,15 @@ ORS_BUILD_ALLOWED_HOSTS = [h.strip() for h in os.environ.get(
 ORS_BUILD_TIMEOUT_SECONDS = env_float("ORS_BUILD_TIMEOUT_SECONDS", 900.0)
 ORS_BUILD_MEMORY_MB = env_int("ORS_BUILD_MEMORY_MB", 4096)
 ORS_BUILD_DISK_MB = env_int("ORS_BUILD_DISK_MB", 4096)  # one environment's files, and any one file
+# An operator's own indexes (comma-separated), searched before ORS_BUILD_INDEX_URL (uv's first-index
+# strategy: a name found on one is never looked up on a later one); plain http:// is allowed for them.
+ORS_BUILD_EXTRA_INDEX_URLS = [u.strip() for u in os.environ.get("ORS_BUILD_EXTRA_INDEX_URLS", "").split(",")
+                              if u.strip()]
+# A requirement published only as a source distribution is built into a wheel in a sandbox of its
+# own (no shared cache, a throwaway private one; docs/sdists.md); 0 keeps builds wheels-only.
+ORS_BUILD_SDISTS = env_bool("ORS_BUILD_SDISTS", True)
+ORS_BUILD_MAX_SDISTS = env_int("ORS_BUILD_MAX_SDISTS", 8)  # source builds in one environment's build
+ORS_BUILD_MAX_SDIST_BYTES = env_int("ORS_BUILD_MAX_SDIST_BYTES", 256 * 1024 * 1024)  # one downloaded sdist
 # An environment no version uses is removed after this long (a build in progress is never).
 ORS_PYENV_GRACE_SECONDS = env_float("ORS_PYENV_GRACE_SECONDS", 3600.0)
 

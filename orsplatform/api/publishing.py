@@ -66,6 +66,8 @@ class VersionSerializer(serializers.Serializer):
     notes = serializers.JSONField(help_text="What the platform noticed but does not use (a Dockerfile).")
     error = serializers.CharField(help_text="Why a failed version failed: '<check>: <message>'.")
     build_log = serializers.SerializerMethodField(help_text="The tail of the requirements build's log.")
+    data_sha256 = serializers.CharField(source="data_hash", help_text="The data archive mounted at /orwd_data "
+                                        "(sha256 of the archive); empty: the package's data/ folder, if any.")
     created_at = serializers.DateTimeField()
 
     def get_current(self, version: EnvironmentVersion) -> bool:
@@ -193,6 +195,9 @@ def _upload(request, field: str):
 PACKAGE_REQUEST = {"multipart/form-data": {"type": "object", "required": ["package"], "properties": {
     "package": {"type": "string", "format": "binary", "description": ".zip, .tar.gz or a single .py"},
     "visibility": {"type": "string", "enum": Environment.Visibility.values},
+    "data": {"type": "string", "format": "binary",
+             "description": "a data archive (.zip or .tar.gz, up to ORS_MAX_DATA_ARCHIVE_BYTES) mounted read-only "
+                            "at /orwd_data"},
 }}}
 TASKS_REQUEST = {"multipart/form-data": {"type": "object", "required": ["file"], "properties": {
     "file": {"type": "string", "format": "binary", "description": "tasks as .jsonl, .csv or .parquet"},
@@ -216,14 +221,18 @@ class VersionListView(APIView):
                               400: PublishFailureSerializer})
     def post(self, request, team: str, slug: str):
         caller = _own_team(request, team)
-        limit = settings.ORS_MAX_PACKAGE_BYTES
-        refused = _too_large(request, limit)
+        limit, data_limit = settings.ORS_MAX_PACKAGE_BYTES, settings.ORS_MAX_DATA_ARCHIVE_BYTES
+        refused = _too_large(request, limit + data_limit)
         if refused is not None:
             return refused
         upload = _upload(request, "package")
         if upload.size > limit:
             return Response({"detail": f"The package is {upload.size} bytes; the limit is {limit}."},
                             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        data_upload = request.FILES.get("data")
+        if data_upload is not None and data_upload.size > data_limit:
+            return Response({"detail": f"The data archive is {data_upload.size} bytes; the limit is {data_limit} "
+                                       "(ORS_MAX_DATA_ARCHIVE_BYTES)."}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         visibility = request.data.get("visibility") or None
         if visibility is not None and visibility not in Environment.Visibility.values:
             raise ValidationError(f"Unknown visibility {visibility!r}: public or private.")
@@ -232,14 +241,17 @@ class VersionListView(APIView):
         wait = request.query_params.get("wait", "").lower() in ("1", "true", "yes")
         team_obj = Team.objects.get(id=caller.team_id)
         path = save_upload(upload)
+        data_path = save_upload(data_upload) if data_upload is not None else None
         try:
             result = environment_publish_path(team=team_obj, path=path, filename=upload.name, slug=slug,
-                                              visibility=visibility, wait=wait)
+                                              visibility=visibility, wait=wait, data_path=data_path,
+                                              data_filename=data_upload.name if data_upload is not None else None)
         except PublishError as exc:
             code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE if exc.check in TOO_LARGE else status.HTTP_400_BAD_REQUEST
             return Response({"detail": str(exc), "check": exc.check, "traceback": exc.traceback}, status=code)
         finally:
             remove_quietly(path)
+            remove_quietly(data_path)
         if result.version.status == EnvironmentVersion.Status.FAILED:
             check, _, detail = result.version.error.partition(": ")
             code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE if check in TOO_LARGE else status.HTTP_400_BAD_REQUEST

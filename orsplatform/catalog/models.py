@@ -56,6 +56,9 @@ class EnvironmentVersion(models.Model):
     # built for it (a folder of ORS_PYENV_DIR); empty: it runs on the platform's own runtime.
     requirements = models.JSONField(default=list)
     pyenv = models.CharField(max_length=64, blank=True)
+    # The data archive uploaded with it (a folder of ORS_DATA_DIR, by content hash), mounted at
+    # /orwd_data; empty: the package's own data/ folder, if any, is mounted there.
+    data_hash = models.CharField(max_length=64, blank=True)
     # What the platform noticed but does not use (a Dockerfile), shown on the version.
     notes = models.JSONField(default=list)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)

@@ -118,8 +118,8 @@ class _Budget:
     take against the package limits, and keeps the tree's shape: a name is a file or a directory,
     once."""
 
-    def __init__(self, compressed_bytes: int) -> None:
-        _, self.max_bytes, self.max_files, self.ratio = _limits()
+    def __init__(self, compressed_bytes: int, limits: tuple[int, int, int, int] | None = None) -> None:
+        _, self.max_bytes, self.max_files, self.ratio = limits or _limits()
         self.compressed = max(compressed_bytes, 1)
         self.files = 0
         self.bytes = 0
@@ -336,16 +336,19 @@ def _unwrap(root: Path) -> tuple[Path, str | None]:
 
 
 @contextlib.contextmanager
-def unpacked(path: Path, *, filename: str | None = None) -> Iterator[Unpacked]:
-    """Unpack ``path`` (named ``filename`` by its uploader) into a temporary directory removed on exit."""
+def unpacked(path: Path, *, filename: str | None = None,
+             limits: tuple[int, int, int, int] | None = None) -> Iterator[Unpacked]:
+    """Unpack ``path`` (named ``filename`` by its uploader) into a temporary directory removed on exit.
+    ``limits``: (compressed bytes, unpacked bytes, files, compression ratio), the package's by default."""
     path = Path(path)
     filename = filename or path.name
-    max_compressed = _limits()[0]
+    limits = limits or _limits()
+    max_compressed = limits[0]
     with tempfile.TemporaryDirectory(prefix="orspkg-", dir=staging_dir()) as tmp:
         root = Path(tmp) / "pkg"
         root.mkdir()
         if path.is_dir():
-            budget = _Budget(compressed_bytes=1 << 62)  # a folder is not compressed: no ratio check
+            budget = _Budget(compressed_bytes=1 << 62, limits=limits)  # a folder is not compressed: no ratio check
             _copy_folder(path, root, budget)
             yield Unpacked(root=root, name_hint=slug_hint(path.resolve().name))
             return
@@ -356,7 +359,7 @@ def unpacked(path: Path, *, filename: str | None = None) -> Iterator[Unpacked]:
         if size > max_compressed:
             raise PackageError(f"The package is {size} bytes; the limit is {max_compressed}.", check="size")
         _check_magic(path, kind)
-        budget = _Budget(compressed_bytes=size)
+        budget = _Budget(compressed_bytes=size, limits=limits)
         if kind == "py":
             source = path.read_bytes()
             try:

@@ -9,8 +9,13 @@ installer runs at all), then the resolved set (``uv pip compile``) names the env
 
 Every uv run happens in the sandbox (runners/sandbox/build.py): no network but the registry
 proxy (registry_proxy.py), a time limit, an address-space and a file-size limit, and wheels only
-(``--no-build``): no setup.py of any package runs, so nothing a tenant chose executes during a
-build and the shared cache cannot be poisoned by one. Its output comes back over a pipe and the
+(``--no-build``): no setup.py of any package runs there, so the shared cache cannot be poisoned.
+A requirement published only as a source distribution (the wheels-only resolve names it,
+catalog/sdists.py) is built into a wheel first, by ``uv build`` in a sandbox of its own: its
+cgroup, a throwaway uv cache on the sandbox's sized /tmp, no view of the shared cache or the
+environments' folder (only its own folder, holding the sdist and an empty output folder), and the
+same proxy. Only the one wheel it leaves is taken (sdists.built_wheel), resolved from a
+``--find-links`` folder and installed without the shared cache (``--no-cache``). Its output comes back over a pipe and the
 platform writes it to the version's build log (up to BUILD_OUTPUT_BYTES a run); what the platform
 reads back from the environments' folder, which the build sandbox may write, goes through
 sandbox/untrusted_files.py (no links, no FIFOs, capped).
@@ -23,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -35,7 +41,9 @@ from pathlib import Path
 
 import uv
 from django.conf import settings
+from packaging.utils import canonicalize_name
 
+from orsplatform.catalog import sdists
 from orsplatform.catalog.requirements import platform_pins
 from orsplatform.runners import inspection
 from orsplatform.runners.sandbox import untrusted_files
@@ -44,14 +52,20 @@ from orsplatform.runners.sandbox.pool import RUNTIME_SUFFIX, sandboxed
 
 BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "runners" / "sandbox" / "build.py"
 SANDBOX_BUILD_SCRIPT = "/ors/build.py"
+SANDBOX_SOURCE_BUILD = "/build"  # a source build's own folder, inside its sandbox
 COMPLETE = ".complete"  # written last: a folder without it is a build that did not finish
 MiB = 1024 * 1024
 BUILD_OUTPUT_BYTES = MiB  # of the installer's output kept in the build log, per run
 LOG_TAIL_BYTES = 16384
+OUTPUT_TAIL_BYTES = 65536
 
 
 class BuildFailed(Exception):
     """The installer failed; the message is its own last lines."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output  # the end of the installer's output (what it failed on)
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,7 @@ class _InstallerOutput:
         self.kept = 0
         self.partial = b""
         self.dropped = False
+        self.recent = b""  # the output's end, for reading what the installer failed on
 
     def __call__(self, chunk: bytes) -> None:
         room = BUILD_OUTPUT_BYTES - self.kept
@@ -114,6 +129,7 @@ class _InstallerOutput:
             chunk = chunk[:room]
         if not chunk:
             return
+        self.recent = (self.recent + chunk)[-OUTPUT_TAIL_BYTES:]
         self.kept += len(chunk)
         lines = (self.partial + chunk).split(b"\n")
         self.partial = lines.pop()
@@ -196,9 +212,12 @@ def _read_small(root: Path, relative: str) -> str:
     return untrusted_files.read_text(root, relative, limit=4096).strip()
 
 
-def _run(commands: list[list[str]], *, work: Path, log: BuildLog) -> None:
-    """Run uv commands in the build sandbox, their output appended to the log."""
-    from orsplatform.runners.sandbox.registry_proxy import RegistryProxy
+def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path | None = None) -> str:
+    """Run uv commands in the build sandbox, their output appended to the log (and the end of it
+    returned). ``private``: a source build, in a sandbox that sees only that folder (writable),
+    with a throwaway cache in its /tmp and a cgroup of its own."""
+    from orsplatform.runners.sandbox.cgroups import WorkerCgroup
+    from orsplatform.runners.sandbox.registry_proxy import RegistryProxy, index_origins
 
     cache = settings.ORS_UV_CACHE_DIR
     cache.mkdir(parents=True, exist_ok=True)
@@ -210,26 +229,46 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog) -> None:
            "UV_NO_PROGRESS": "1", "UV_LINK_MODE": "hardlink", "NO_COLOR": "1",
            "UV_INDEX_URL": settings.ORS_BUILD_INDEX_URL, "UV_HTTP_TIMEOUT": "60",
            "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}
-    socket_path = work / "registry.sock"
-    # The environments' folder is one writable mount, holding the work folder, the environment
-    # being built and (by default) the cache: hard links do not cross mount points. Only uv runs
-    # in here (wheels only), never a package's code.
-    root = settings.ORS_PYENV_DIR
-    all_binds = ["--bind", str(root), str(root), "--ro-bind", str(BUILD_SCRIPT), SANDBOX_BUILD_SCRIPT]
-    if not cache.resolve().is_relative_to(root.resolve()):
-        all_binds += ["--bind", str(cache), str(cache)]
+    if settings.ORS_BUILD_EXTRA_INDEX_URLS:
+        env["UV_EXTRA_INDEX_URL"] = " ".join(settings.ORS_BUILD_EXTRA_INDEX_URLS)
+    tls, plain = index_origins([settings.ORS_BUILD_INDEX_URL, *settings.ORS_BUILD_EXTRA_INDEX_URLS])
+    cgroup = None
+    if private is None:
+        socket_path = work / "registry.sock"
+        # The environments' folder is one writable mount, holding the work folder, the environment
+        # being built and (by default) the cache: hard links do not cross mount points. Only uv
+        # runs in here (wheels only), never a package's code.
+        root = settings.ORS_PYENV_DIR
+        all_binds = ["--bind", str(root), str(root), "--ro-bind", str(BUILD_SCRIPT), SANDBOX_BUILD_SCRIPT]
+        if not cache.resolve().is_relative_to(root.resolve()):
+            all_binds += ["--bind", str(cache), str(cache)]
+    else:
+        # A package's own build code runs here: it sees its folder and nothing of the platform's
+        # (no shared cache, no environments), and its cache is thrown away with the sandbox's /tmp.
+        socket_path = private / "registry.sock"
+        env.update(UV_CACHE_DIR="/tmp/uv-cache", UV_LINK_MODE="copy")
+        # At a neutral path: not even the environments' folder's name is in there.
+        all_binds = ["--bind", str(private), SANDBOX_SOURCE_BUILD, "--ro-bind", str(BUILD_SCRIPT), SANDBOX_BUILD_SCRIPT]
+        if config.isolated:
+            commands = [[a.replace(str(private), SANDBOX_SOURCE_BUILD) for a in argv] for argv in commands]
+            cgroup = WorkerCgroup.create(memory_bytes=limits.memory_bytes, processes=limits.processes,
+                                         cpu_weight=config.cpu_weight)
     for etc in ("/etc/ssl", "/etc/ca-certificates"):
         if os.path.exists(etc):
             all_binds += ["--ro-bind", etc, etc]
-    argv = [_base_python(), "-I", SANDBOX_BUILD_SCRIPT, str(socket_path), json.dumps(commands)]
-    if config.isolated:
-        cmd = sandboxed(config, limits, all_binds, argv, env, locks=True)  # uv guards its shared cache with locks
+    inside = f"{SANDBOX_SOURCE_BUILD}/registry.sock" if private is not None else str(socket_path)
+    argv = [_base_python(), "-I", SANDBOX_BUILD_SCRIPT, inside, json.dumps(commands)]
+    if config.isolated:  # uv guards its caches with locks
+        cmd = sandboxed(config, limits, all_binds, argv, env, locks=True, cgroup=cgroup,
+                        chdir=SANDBOX_SOURCE_BUILD if private is not None else "/tmp")
     else:  # ORS_SANDBOX=none: tenants are not isolated anyway; the installer runs as it is
         cmd = [sys.executable, "-I", str(BUILD_SCRIPT), str(socket_path), json.dumps(commands)]
+        if private is not None:
+            env["UV_CACHE_DIR"] = str(private / "uv-cache")
     allowed = set(settings.ORS_BUILD_ALLOWED_HOSTS)
     timeout = settings.ORS_BUILD_TIMEOUT_SECONDS
     output = _InstallerOutput(log)
-    with RegistryProxy(socket_path, allowed, log.write):
+    with RegistryProxy(socket_path, allowed, log.write, tls_origins=tls, http_origins=plain):
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 cwd=str(work), start_new_session=True, close_fds=True,
                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env if not config.isolated else {})})
@@ -237,13 +276,29 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog) -> None:
             exited = inspection.supervise(proc, timeout=timeout, sinks={proc.stdout: output}).exited
         finally:
             inspection.kill_group(proc.pid)
+            if cgroup is not None:
+                cgroup.kill()
             proc.wait()
             proc.stdout.close()
             output.close()
+            if cgroup is not None:
+                _remove_cgroup(cgroup)
+    recent = output.recent.decode("utf-8", "replace")
     if not exited:
-        raise BuildFailed(f"The installer did not finish within {timeout:g} s and was stopped.")
+        raise BuildFailed(f"The installer did not finish within {timeout:g} s and was stopped.", recent)
+    if cgroup is not None and cgroup.oom_kills():
+        raise BuildFailed(f"The build ran out of memory (ORS_BUILD_MEMORY_MB = {settings.ORS_BUILD_MEMORY_MB}).", recent)
     if proc.returncode != 0:
-        raise BuildFailed(_installer_message(log))
+        raise BuildFailed(_installer_message(log), recent)
+    return recent
+
+
+def _remove_cgroup(cgroup) -> None:
+    """Its processes were killed; the kernel takes a moment to let them go."""
+    deadline = time.monotonic() + 10
+    while not cgroup.remove() and time.monotonic() < deadline:
+        cgroup.kill()
+        time.sleep(0.05)
 
 
 def _installer_message(log: BuildLog) -> str:
@@ -253,25 +308,95 @@ def _installer_message(log: BuildLog) -> str:
     return scrub(" ".join(useful))[-1500:] or "The installer failed without a message."
 
 
-def _resolve(requirements: list[str], work: Path, log: BuildLog) -> str:
+def _resolve(requirements: list[str], work: Path, log: BuildLog) -> tuple[str, dict[str, str]]:
+    """The resolved set (uv pip compile's output), and the wheels built from source distributions
+    for it (canonical name -> file name in ``work/wheels``)."""
     (work / "requirements.in").write_text("\n".join([*platform_pins(), *requirements]) + "\n")
-    command = [uv.find_uv_bin(), "pip", "compile", "--no-build", "--python", _base_python(),
-               "--no-header", "--no-annotate", "--output-file", str(work / "resolved.txt"), str(work / "requirements.in")]
-    log.write("[platform] $ uv pip compile (resolving " + ", ".join(requirements) + ")")
-    _run([command], work=work, log=log)
+    wheels = work / "wheels"
+    built: dict[str, str] = {}
+    while True:
+        command = [uv.find_uv_bin(), "pip", "compile", "--no-build", "--python", _base_python(),
+                   "--no-header", "--no-annotate", "--output-file", str(work / "resolved.txt")]
+        if built:
+            command += ["--find-links", str(wheels)]
+        log.write("[platform] $ uv pip compile (resolving " + ", ".join(requirements) + ")")
+        try:
+            _run([[*command, str(work / "requirements.in")]], work=work, log=log)
+            break
+        except BuildFailed as exc:
+            missing = {n: v for n, v in sdists.wanted(exc.output).items() if n not in built}
+            if not missing or not settings.ORS_BUILD_SDISTS:
+                raise
+            if len(built) + len(missing) > settings.ORS_BUILD_MAX_SDISTS:
+                raise BuildFailed(f"{', '.join(missing)}: more than {settings.ORS_BUILD_MAX_SDISTS} requirements "
+                                  "need building from source (ORS_BUILD_MAX_SDISTS).") from None
+            for name, version in missing.items():
+                built[name] = _build_sdist(name, version, requirements, work, log)
     try:
-        return untrusted_files.read_text(_root(), f"{work.name}/resolved.txt", limit=MiB)
+        return untrusted_files.read_text(_root(), f"{work.name}/resolved.txt", limit=MiB), built
     except OSError as exc:
         raise BuildFailed(f"The resolver's output could not be read ({exc.strerror}).") from None
 
 
-def _install(path: Path, work: Path, log: BuildLog) -> None:
+def _build_sdist(name: str, version: str | None, requirements: list[str], work: Path, log: BuildLog) -> str:
+    """Build ``name``'s source distribution into a wheel in a sandbox of its own; the wheel's file
+    name in ``work/wheels``. Failures name the package and say what the build said."""
+    try:
+        sdist = sdists.find(name, version, requirements)
+        private = work / f"sdist-{sdist.name}"
+        (private / "out").mkdir(parents=True)
+        source = sdists.download(sdist, private)
+    except sdists.SdistError as exc:
+        raise BuildFailed(f"{exc}.") from None
+    log.write(f"[platform] $ uv build {sdist.filename} ({sdist.name} {sdist.version} has no wheel: building it "
+              "from its source distribution in a sandbox of its own, with a private cache)")
+    started = time.monotonic()
+    command = [uv.find_uv_bin(), "build", "--wheel", "--python", _base_python(), "--out-dir", str(private / "out"),
+               str(source)]
+    try:
+        _run([command], work=work, log=log, private=private)
+        filename, data = sdists.built_wheel(sdist, private / "out", settings.ORS_BUILD_DISK_MB * MiB)
+    except BuildFailed as exc:
+        raise BuildFailed(f"Building {sdist.name} {sdist.version} from its source distribution failed: {exc}",
+                          exc.output) from None
+    except sdists.SdistError as exc:
+        raise BuildFailed(f"{exc}.") from None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    (work / "wheels").mkdir(exist_ok=True)
+    (work / "wheels" / filename).write_bytes(data)
+    log.write(f"[platform] built {filename} ({len(data) // 1024} KiB, sha256 {hashlib.sha256(data).hexdigest()[:12]}) "
+              f"in {time.monotonic() - started:.1f} s")
+    return filename
+
+
+def _without(resolved: str, names: set[str]) -> str:
+    """The resolved set less the packages built from source (installed from their wheels)."""
+    kept = []
+    for line in resolved.splitlines():
+        name = re.split(r"[=<>!~;\[ ]", line.strip(), maxsplit=1)[0]
+        if not name or canonicalize_name(name) not in names:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def _install(path: Path, work: Path, log: BuildLog, built: dict[str, str]) -> None:
     path.mkdir(parents=True)
+    resolved = work / "resolved.txt"
+    if built:
+        resolved = work / "resolved-index.txt"
+        resolved.write_text(_without(untrusted_files.read_text(work, "resolved.txt", limit=MiB), set(built)))
     commands = [
         [uv.find_uv_bin(), "venv", "--quiet", "--allow-existing", "--python", _base_python(), str(path)],
-        [uv.find_uv_bin(), "pip", "sync", "--no-build", "--python", f"{path}/bin/python", str(work / "resolved.txt")],
+        [uv.find_uv_bin(), "pip", "sync", "--no-build", "--python", f"{path}/bin/python", str(resolved)],
     ]
-    log.write(f"[platform] $ uv venv && uv pip sync into {path.name}")
+    if built:
+        # The wheels built from source go in without the shared cache: copied, never cached.
+        commands.append([uv.find_uv_bin(), "pip", "install", "--no-deps", "--no-index", "--no-cache",
+                         "--link-mode", "copy", "--python", f"{path}/bin/python",
+                         *(str(work / "wheels" / f) for f in sorted(built.values()))])
+    log.write(f"[platform] $ uv venv && uv pip sync into {path.name}"
+              + (f" (and the wheels built from source: {', '.join(sorted(built.values()))})" if built else ""))
     _run(commands, work=work, log=log)
     total = _usage(path)[0]
     if total > settings.ORS_BUILD_DISK_MB * MiB:
@@ -291,8 +416,10 @@ def ensure(requirements: list[str], log: BuildLog) -> Built:
     work = root / f"work-{uuid.uuid4().hex[:12]}"
     work.mkdir()
     try:
-        resolved = _resolve(requirements, work, log)
-        key = _digest(resolved)
+        resolved, built = _resolve(requirements, work, log)
+        # Wheels built from source are part of what the environment is (a rebuild need not match).
+        key = _digest(resolved + "".join(f"{f} {hashlib.sha256((work / 'wheels' / f).read_bytes()).hexdigest()}\n"
+                                         for f in sorted(built.values())))
         path = root / key
         with _locked(key):
             if _ready(path):
@@ -301,7 +428,7 @@ def ensure(requirements: list[str], log: BuildLog) -> Built:
             else:
                 shutil.rmtree(path, ignore_errors=True)  # a build that died half-way
                 try:
-                    _install(path, work, log)
+                    _install(path, work, log, built)
                 except BaseException:
                     shutil.rmtree(path, ignore_errors=True)
                     raise

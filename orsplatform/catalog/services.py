@@ -22,7 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, 
 from django.db.models import Max, Sum
 from django.utils import timezone
 
-from orsplatform.catalog import ingest, packages, protection, pyenvs
+from orsplatform.catalog import data, ingest, packages, protection, pyenvs
 from orsplatform.catalog import requirements as package_requirements
 from orsplatform.catalog.errors import one_line, tenant_output
 from orsplatform.catalog.ingest import IngestError, TaskQuotaExceeded, UploadTooLarge
@@ -247,8 +247,9 @@ def _first_task(path: Path, fmt: str) -> dict | None:
     return None
 
 
-def _store_package(source: Path, content_hash: str) -> Path:
+def _store_package(source: Path, content_hash: str, data_hash: str | None = None) -> Path:
     stored = settings.ORS_PACKAGE_DIR / content_hash
+    data.record(stored, data_hash)  # the content hash covers the data too: the same for every version
     if not stored.exists():
         settings.ORS_PACKAGE_DIR.mkdir(parents=True, exist_ok=True)
         # Copy beside the final place, then rename, so a half-copied package is never visible.
@@ -276,9 +277,10 @@ def _ingest_into(environment: Environment, name: str, type: str, path: Path, fmt
 
 def environment_publish(
     *, team: Team, source_dir: Path, created_by=None, slug: str | None = None, visibility: str | None = None,
-    default_slug: str | None = None, wait: bool = False,
+    default_slug: str | None = None, wait: bool = False, data_hash: str | None = None,
 ) -> PublishResult:
     """Publish a package directory as a new immutable version (a no-op for identical content).
+    ``data_hash``: a data archive stored by data.archive_store, mounted at /orwd_data.
 
     Validation runs on a throwaway copy, so what tenant code does during validation never reaches the
     stored package; nothing is written to the database until validation has passed, and the version,
@@ -300,6 +302,8 @@ def environment_publish(
         raise PublishError(f"Unknown visibility '{visibility}'.", check="manifest")
     task_files = package_task_files(source_dir)
     content_hash = package_hash(source_dir)
+    if data_hash:  # the same package with other data is another version
+        content_hash = hashlib.sha256(f"{content_hash}+data:{data_hash}".encode()).hexdigest()
 
     existing = EnvironmentVersion.objects.filter(
         environment__team=team, environment__slug=slug, content_hash=content_hash,
@@ -315,13 +319,13 @@ def environment_publish(
     if requirements:
         return _version_queue_build(team=team, slug=slug, manifest=manifest, visibility=visibility,
                                     content_hash=content_hash, source_dir=source_dir, requirements=requirements,
-                                    notes=notes, created_by=created_by, wait=wait)
+                                    notes=notes, created_by=created_by, wait=wait, data_hash=data_hash)
 
     with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
         work = Path(tmp)
-        report = _inspect_copy(source_dir, manifest, task_files, work)
+        report = _inspect_copy(source_dir, manifest, task_files, work, data_hash=data_hash)
         fresh = not (settings.ORS_PACKAGE_DIR / content_hash).exists()
-        stored = _store_package(source_dir, content_hash)
+        stored = _store_package(source_dir, content_hash, data_hash)
         try:
             with transaction.atomic():
                 environment = _environment_locked(team=team, slug=slug, manifest=manifest, visibility=visibility)
@@ -331,7 +335,7 @@ def environment_publish(
                     return PublishResult(version=raced, created=False, report=report)
                 version = _version_row(environment=environment, reuse=raced, content_hash=content_hash,
                                        stored=stored, manifest=manifest, created_by=created_by, requirements=[],
-                                       notes=notes, status=EnvironmentVersion.Status.READY)
+                                       notes=notes, status=EnvironmentVersion.Status.READY, data_hash=data_hash)
                 _version_fill(environment=environment, version=version, report=report, work=work,
                               task_files=task_files, manifest=manifest, visibility=visibility)
             return PublishResult(version=version, created=True, report=report)
@@ -343,10 +347,11 @@ def environment_publish(
 
 
 def _inspect_copy(package_dir: Path, manifest: dict, task_files: dict, work: Path,
-                  runtime: str | None = None) -> dict:
+                  runtime: str | None = None, data_hash: str | None = None) -> dict:
     """Inspect a throwaway copy of the package (what tenant code does while being inspected never
     reaches the stored package); task files must name declared splits."""
     shutil.copytree(package_dir, work / "pkg", ignore=shutil.ignore_patterns(*IGNORED_NAMES, "*.pyc"))
+    data.record(work / "pkg", data_hash)  # /orwd_data while inspected too
     sample = next((t for t in (_first_task(p, f) for p, f in task_files.values()) if t is not None), None)
     report = _inspect(work / "pkg", manifest.get("entrypoint", ""), work, sample, runtime=runtime)
     declared = {s["name"] for s in report["splits"]}
@@ -368,11 +373,11 @@ def _environment_locked(*, team: Team, slug: str, manifest: dict, visibility: st
 
 def _version_row(*, environment: Environment, reuse: EnvironmentVersion | None, content_hash: str, stored: Path,
                  manifest: dict, created_by, requirements: list[str], notes: list[str],
-                 status: str) -> EnvironmentVersion:
+                 status: str, data_hash: str | None = None) -> EnvironmentVersion:
     """A new numbered version, or the failed attempt at the same content taken up again (its number
     kept: the content hash is unique per environment)."""
     fields = {"package_path": str(stored), "manifest": manifest, "requirements": requirements, "notes": notes,
-              "status": status, "error": "", "created_by": created_by}
+              "status": status, "error": "", "created_by": created_by, "data_hash": data_hash or ""}
     if reuse is not None:
         for name, value in fields.items():
             setattr(reuse, name, value)
@@ -423,12 +428,12 @@ def _version_fill(*, environment: Environment, version: EnvironmentVersion, repo
 
 def _version_queue_build(*, team: Team, slug: str, manifest: dict, visibility: str | None, content_hash: str,
                          source_dir: Path, requirements: list[str], notes: list[str], created_by,
-                         wait: bool) -> PublishResult:
+                         wait: bool, data_hash: str | None = None) -> PublishResult:
     """A package with requirements: store it, record the version as ``building`` and build its
     Python environment, then inspect it there (version_build). ``wait``: build now, in this
     process (the CLI); else on a Celery worker, or a thread of this process on the embedded
     default, while the console and the REST API show the build's log."""
-    stored = _store_package(source_dir, content_hash)
+    stored = _store_package(source_dir, content_hash, data_hash)
     if visibility is not None:
         manifest = {**manifest, "visibility": visibility}  # applied when the build succeeds
     with transaction.atomic():
@@ -438,7 +443,7 @@ def _version_queue_build(*, team: Team, slug: str, manifest: dict, visibility: s
             return PublishResult(version=raced, created=False)
         version = _version_row(environment=environment, reuse=raced, content_hash=content_hash, stored=stored,
                                manifest=manifest, created_by=created_by, requirements=requirements, notes=notes,
-                               status=EnvironmentVersion.Status.BUILDING)
+                               status=EnvironmentVersion.Status.BUILDING, data_hash=data_hash)
         pyenvs.log_path(version.id).unlink(missing_ok=True)
     if wait:
         version = version_build(version_id=version.id)
@@ -479,7 +484,8 @@ def version_build(*, version_id: int) -> EnvironmentVersion:
         with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
             work = Path(tmp)
             log.write("[platform] inspecting the package in its environment")
-            report = _inspect_copy(stored, version.manifest, task_files, work, runtime=str(built.path))
+            report = _inspect_copy(stored, version.manifest, task_files, work, runtime=str(built.path),
+                                   data_hash=version.data_hash or None)
             pyenvs.record_runtime(version.package_path, built.path)
             with transaction.atomic():
                 # No select_related: PostgreSQL cannot lock the nullable side of an outer join.
@@ -514,6 +520,7 @@ def _version_fail(version: EnvironmentVersion, check: str, message: str, log: py
     if not EnvironmentVersion.objects.filter(content_hash=version.content_hash).exclude(
             status=EnvironmentVersion.Status.FAILED).exists():
         shutil.rmtree(version.package_path, ignore_errors=True)
+        data.record(version.package_path, None)
     return version
 
 
@@ -540,13 +547,22 @@ def pyenvs_collect_unused() -> list[str]:
 
 def environment_publish_path(
     *, team: Team, path: Path, filename: str | None = None, slug: str | None = None,
-    visibility: str | None = None, created_by=None, wait: bool = False,
+    visibility: str | None = None, created_by=None, wait: bool = False, data_path: Path | None = None,
+    data_filename: str | None = None,
 ) -> PublishResult:
-    """Publish a folder, a zip, a tar.gz or a single .py (``filename`` is the uploader's name for it)."""
+    """Publish a folder, a zip, a tar.gz or a single .py (``filename`` is the uploader's name for it),
+    with a data archive (``data_path``, named ``data_filename``) mounted at /orwd_data."""
+    data_hash = None
+    if data_path is not None:
+        try:
+            data_hash = data.archive_store(path=Path(data_path), filename=data_filename or Path(data_path).name)
+        except data.DataError as exc:
+            raise PublishError(str(exc), check=exc.check) from exc
     try:
         with packages.unpacked(Path(path), filename=filename) as package:
             return environment_publish(team=team, source_dir=package.root, created_by=created_by, slug=slug,
-                                       visibility=visibility, default_slug=package.name_hint or None, wait=wait)
+                                       visibility=visibility, default_slug=package.name_hint or None, wait=wait,
+                                       data_hash=data_hash)
     except packages.PackageError as exc:
         raise PublishError(str(exc), check=exc.check) from exc
 

@@ -14,9 +14,11 @@ from django.db.models import Avg, Count, Q, QuerySet
 from django.utils.safestring import SafeString
 
 from orsplatform.analytics.selectors import ENDED, pass_reward
+from orsplatform.catalog import data
 from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
 from orsplatform.episodes.models import Session
 from orsplatform.hub.markdown import render_markdown
+from orsplatform.runners.sandbox.pool import SANDBOX_DATA
 from orsplatform.teams.models import Membership, Team
 
 PUBLISHER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN, Membership.Role.MEMBER)
@@ -202,3 +204,23 @@ def version_numbers(*, environment: Environment) -> list[int]:
 
 def version_of(*, environment: Environment, number: int) -> EnvironmentVersion | None:
     return environment.versions.filter(number=number).first()
+
+
+def version_files(*, version: EnvironmentVersion | None) -> list[dict[str, Any]]:
+    """A version's files with their sizes (the version comes from environment_for_viewer): the
+    package, and the data mounted at /orwd_data (its data archive, else the package's data/)."""
+    if version is None or not version.package_path:
+        return []
+    package = Path(version.package_path)
+    found = []
+    if package.is_dir():
+        found.append(("package", "Package", "", data.listing(package, "package")))
+    if version.data_hash and data.folder(version.data_hash).is_dir():
+        found.append(("data", f"Data archive (sha256 {version.data_hash[:12]})", SANDBOX_DATA,
+                      data.listing(data.folder(version.data_hash), "data archive")))
+    elif (package / "data").is_dir():
+        found.append(("data", "Data (the package's data/ folder)", SANDBOX_DATA,
+                      data.listing(package / "data", "package data/")))
+    return [{"key": key, "title": title, "mount": mount, "files": listing.files,
+             "total_files": listing.total_files, "total_bytes": listing.total_bytes}
+            for key, title, mount, listing in found]

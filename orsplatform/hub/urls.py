@@ -10,5 +10,6 @@ urlpatterns = [
     path("<slug:team>/<slug:env>/tasks/<str:split>/<int:index>/", views.task, name="task"),
     path("<slug:team>/<slug:env>/tasks/<str:split>/<int:index>/prompt", views.task_prompt, name="task_prompt"),
     path("<slug:team>/<slug:env>/versions/", views.versions, name="versions"),
+    path("<slug:team>/<slug:env>/files/", views.files, name="files"),
     path("<slug:team>/<slug:env>/diff/", views.diff, name="diff"),
 ]

@@ -239,6 +239,16 @@ def versions(request: HttpRequest, team: str, env: str) -> HttpResponse:
     })
 
 
+@require_GET
+def files(request: HttpRequest, team: str, env: str) -> HttpResponse:
+    """The current version's files with their sizes: the package, and the data at /orwd_data."""
+    viewer, environment = _environment(request, team, env)
+    return render(request, "hub/files.html", {
+        **_base(request, viewer, environment, "files"),
+        "listings": selectors.version_files(version=environment.current_version),
+    })
+
+
 def _number(raw: str) -> int | None:
     return int(raw) if raw.isdigit() and len(raw) <= 9 else None
 

@@ -34,17 +34,18 @@ ROLLOUTS_PATH = "/v1/rollouts"
 @dataclass(frozen=True)
 class UploadRoute:
     pattern: re.Pattern[str]
-    limit_setting: str  # the settings name of the file's limit
+    limit_setting: str  # the settings name of the file's limit ("A+B": two files, such as package and data)
     by_key: bool  # the REST API (API keys) rather than the console (signed-in users)
 
     def limit(self) -> int:
-        return getattr(settings, self.limit_setting) + UPLOAD_SLACK
+        return sum(getattr(settings, name) for name in self.limit_setting.split("+")) + UPLOAD_SLACK
 
 
 UPLOAD_ROUTES = (
     UploadRoute(re.compile(rf"^/console/(?P<team>{_SLUG})/environments/publish$"), "ORS_MAX_PACKAGE_BYTES", False),
     UploadRoute(re.compile(rf"^/console/(?P<team>{_SLUG})/environments/tasks$"), "ORS_MAX_TASK_FILE_BYTES", False),
-    UploadRoute(re.compile(r"^/api/v1/environments/(?P<team>[^/]+)/[^/]+/versions$"), "ORS_MAX_PACKAGE_BYTES", True),
+    UploadRoute(re.compile(r"^/api/v1/environments/(?P<team>[^/]+)/[^/]+/versions$"),
+                "ORS_MAX_PACKAGE_BYTES+ORS_MAX_DATA_ARCHIVE_BYTES", True),
     UploadRoute(re.compile(r"^/api/v1/environments/(?P<team>[^/]+)/[^/]+/splits/[^/]+/tasks$"),
                 "ORS_MAX_TASK_FILE_BYTES", True),
 )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orsplatform.runners.sandbox.cgroups import WorkerCgroup
 from orsplatform.runners.sandbox.config import Limits, SandboxConfig
-from orsplatform.runners.sandbox.pool import python_of, sandboxed
+from orsplatform.runners.sandbox.pool import data_binds, python_of, sandboxed
 
 RUNNERS = Path(__file__).resolve().parent.parent
 LIB = "/ors/lib"  # a minimal `orsplatform.runners` package inside the sandbox
@@ -38,6 +38,7 @@ def child_command(config: SandboxConfig, *, module: str, package_dir: Path, args
         "--ro-bind", empty_init, f"{LIB}/orsplatform/runners/__init__.py",
         "--ro-bind", str(RUNNERS / f"{module}.py"), f"{LIB}/orsplatform/runners/{module}.py",
         "--ro-bind", str(RUNNERS / "loader.py"), f"{LIB}/orsplatform/runners/loader.py",
+        *data_binds(str(package_dir)),  # /orwd_data: a class may list its tasks from its data
     ]
     # /tmp is a tmpfs: what the child writes there is memory, so it gets a worker's default size
     # (ORS_SANDBOX_TMP_MB), not the validation's larger per-file limit.

@@ -58,6 +58,11 @@ SANDBOX_VENV = "/ors/venv"  # site-packages: the platform's virtualenv or the pa
 SANDBOX_PYTHON = f"{SANDBOX_VENV}/bin/python"
 JANITOR_SECONDS = 0.5
 RUNTIME_SUFFIX = ".pyenv"
+# The environment's data, read-only where OpenReward environments look for it (their documented
+# data mount), for every SDK alike: a data archive stored by content hash (its folder named in
+# ``<package>.data`` beside the stored package, catalog/data.py), else the package's own data/.
+SANDBOX_DATA = "/orwd_data"
+DATA_SUFFIX = ".data"
 LAZY_SECONDS = 0.05
 READ_CHUNK = 256 * 1024
 
@@ -90,6 +95,23 @@ def runtime_of(package_dir: str) -> str | None:
     except OSError:
         return None
     return runtime or None
+
+
+def data_of(package_dir: str) -> str | None:
+    """The folder mounted at /orwd_data for this package, or None."""
+    try:
+        data = Path(package_dir.rstrip("/") + DATA_SUFFIX).read_text(encoding="utf-8").strip()
+    except OSError:
+        data = ""
+    if data and os.path.isdir(data):
+        return data
+    own = os.path.join(package_dir, "data")
+    return own if os.path.isdir(own) and not os.path.islink(own) else None
+
+
+def data_binds(package_dir: str) -> list[str]:
+    data = data_of(package_dir)
+    return ["--ro-bind", data, SANDBOX_DATA] if data else []
 
 
 def python_of(config: SandboxConfig, runtime: str | None) -> str:
@@ -160,6 +182,7 @@ def command(config: SandboxConfig, package_dir: str, limits: Limits, cgroup: Wor
         copies = [[os.path.join(package_dir, rel), f"{SANDBOX_PACKAGE}/{rel}"] for rel in files]
     # Started in the package's folder, as `python server.py` is run from its repository: code that
     # opens its data files by relative path finds them (read-only; /tmp is where it may write).
+    package += data_binds(package_dir)
     return sandboxed(config, limits, ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER, *package], worker,
                      runtime=runtime, chdir=SANDBOX_PACKAGE, cgroup=cgroup, copies=copies)
 

@@ -17,18 +17,22 @@ class Command(BaseCommand):
         parser.add_argument("--team", required=True, help="The team's slug.")
         parser.add_argument("--slug", default=None, help="Environment slug (default: manifest name, else the file name).")
         parser.add_argument("--visibility", choices=Environment.Visibility.values, default=None)
+        parser.add_argument("--data", default=None, help="A data archive (.zip, .tar.gz) mounted at /orwd_data.")
 
-    def handle(self, *args, path: str, team: str, slug: str | None, visibility: str | None, **options):
+    def handle(self, *args, path: str, team: str, slug: str | None, visibility: str | None,
+               data: str | None = None, **options):
         team_obj = Team.objects.filter(slug=team).first()
         if team_obj is None:
             raise CommandError(f"No team '{team}'.")
         source = Path(path)
         if not source.exists():
             raise CommandError(f"No such file or folder: {path}")
+        if data is not None and not Path(data).is_file():
+            raise CommandError(f"No such data archive: {data}")
         try:
             # wait: a package with requirements is built here, its installer's output shown as it goes.
             result = environment_publish_path(team=team_obj, path=source, slug=slug, visibility=visibility,
-                                              wait=True)
+                                              wait=True, data_path=Path(data) if data else None)
         except PublishError as exc:
             # One line; the package's own traceback (never the platform's) with -v 2.
             if exc.traceback and options.get("verbosity", 1) >= 2:
