@@ -48,6 +48,9 @@ COMPLETE = ".complete"  # written last: a folder without it is a build that did 
 MiB = 1024 * 1024
 BUILD_OUTPUT_BYTES = MiB  # of the installer's output kept in the build log, per run
 LOG_TAIL_BYTES = 16384
+# How environments are built (wheels only, bytecode compiled): part of every key, so environments
+# built another way are never reused for a new build.
+LAYOUT = "wheels-only,bytecode"
 
 
 class BuildFailed(Exception):
@@ -150,7 +153,7 @@ def _digest(text: str) -> str:
 
 
 def _declared_key(requirements: list[str]) -> str:
-    return _digest("\n".join([sys.version.split()[0], "wheels-only", *platform_pins(), "--", *requirements]))
+    return _digest("\n".join([sys.version.split()[0], LAYOUT, *platform_pins(), "--", *requirements]))
 
 
 def _root() -> Path:
@@ -269,7 +272,11 @@ def _install(path: Path, work: Path, log: BuildLog) -> None:
     path.mkdir(parents=True)
     commands = [
         [uv.find_uv_bin(), "venv", "--quiet", "--allow-existing", "--python", _base_python(), str(path)],
-        [uv.find_uv_bin(), "pip", "sync", "--no-build", "--python", f"{path}/bin/python", str(work / "resolved.txt")],
+        # Compiled here, once: the sandbox mounts the environment read-only, so a worker could
+        # never write the .pyc files and would compile every module it imports at each start
+        # (tens of seconds for an SDK such as openenv's). Compiling runs no package code.
+        [uv.find_uv_bin(), "pip", "sync", "--no-build", "--compile-bytecode", "--python", f"{path}/bin/python",
+         str(work / "resolved.txt")],
     ]
     log.write(f"[platform] $ uv venv && uv pip sync into {path.name}")
     _run(commands, work=work, log=log)
@@ -292,7 +299,7 @@ def ensure(requirements: list[str], log: BuildLog) -> Built:
     work.mkdir()
     try:
         resolved = _resolve(requirements, work, log)
-        key = _digest(resolved)
+        key = _digest(f"{LAYOUT}\n{resolved}")
         path = root / key
         with _locked(key):
             if _ready(path):
