@@ -97,8 +97,12 @@ def _check_requirements(requirements: list) -> None:
         match = REQUIREMENT_NAME.match(str(requirement))
         if match is None:
             raise ValueError(f"Requirement {requirement!r} is not a package name.")
+        name = match.group(1)
+        if name.lower().replace("_", "-") == "openenv-core":
+            # OpenEnv's old distribution name, built as openenv (catalog/requirements.py)
+            name, requirement = "openenv", "openenv"
         try:
-            installed = metadata.version(match.group(1))
+            installed = metadata.version(name)
         except metadata.PackageNotFoundError:
             missing.append(str(requirement))
             continue

@@ -139,15 +139,17 @@ def test_a_plain_openenv_environment_plays_with_its_own_action_observation_and_s
     with GenericEnvClient(base_url=url, headers=owner.headers).sync() as env:
         first = env.reset(target=2)
         assert first.observation == {"position": 0, "target": 2, "legal_moves": [-1, 1], "metadata": {"distance": 2}}
+        with pytest.raises(RuntimeError, match="move"):
+            env.step({"move": 5})  # refused by the environment's own action model
+        with pytest.raises(RuntimeError, match="move"):
+            env.step({"type": "call_tool", "tool_name": "step", "arguments": {}})
         assert env.step({"move": 1}).reward == 0.0
         last = env.step({"move": 1})
         assert (last.reward, last.done, last.observation["position"]) == (1.0, True, 2)
         state = env.state()
         assert (state["step_count"], state["position"], state["target"]) == (2, 2, 2)
-        with pytest.raises(RuntimeError, match="move"):
-            env.step({"move": 5})  # refused by the environment's own action model
-        with pytest.raises(RuntimeError, match="move"):
-            env.step({"type": "call_tool", "tool_name": "step", "arguments": {}})
+        with pytest.raises(RuntimeError, match="already finished"):
+            env.step({"move": 1})
 
     rpc = httpx.post(f"{url}/mcp", headers=owner.headers, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     assert rpc.json()["error"]["message"] == "Environment does not support MCP"
@@ -159,8 +161,9 @@ def test_a_plain_openenv_environment_plays_with_its_own_action_observation_and_s
             out = session.call_tool("step", {"move": -1})
             assert (out.reward, out.finished) == (0.0, False)
             assert out.metadata["openenv"]["observation"]["observation"]["position"] == -1
-    assert wait_for(lambda: len(audit("walk")) == 4)
-    assert audit("walk")[1] == ("openenv", "step", 1.0, True)
+    assert wait_for(lambda: ("ors", "step", 0.0, False) in audit("walk"))
+    assert audit("walk")[:4] == [("openenv", "step", None, False)] * 2 + [("openenv", "step", 0.0, False),
+                                                                         ("openenv", "step", 1.0, True)]
 
 
 # --- tenancy and containment ----------------------------------------------------------------------
