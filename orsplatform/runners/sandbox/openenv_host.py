@@ -279,55 +279,105 @@ def _overrides(instance: Any, name: str) -> bool:
     return getattr(type(instance), name) is not getattr(Environment, name)
 
 
-class Episode:
-    """One session's instance. ``run`` runs a sync function off the event loop (the worker's pool)."""
+class Held:
+    """A built instance and the task holding its MCP session open (FastMCP's client session runs
+    under anyio, whose scopes must be left by the task that entered them)."""
 
-    def __init__(self, declaration: Declaration, run) -> None:
-        self.declaration = declaration
-        self.run = run
-        self.instance: Any = None
-        self._release: asyncio.Event | None = None
-        self._holder: asyncio.Task | None = None
+    def __init__(self, instance: Any) -> None:
+        self.instance = instance
+        self.release: asyncio.Event | None = None
+        self.holder: asyncio.Task | None = None
 
-    async def start(self, task_spec: Any) -> dict[str, Any]:
-        """Build, open the MCP session, reset; the prompt's one block."""
-        self.instance = await self.run(self.declaration.factory)
-        await self._hold_mcp_session()
-        kwargs = dict(task_spec) if isinstance(task_spec, dict) else {}
-        instance = self.instance
-        if _overrides(instance, "reset_async"):
-            observation = await instance.reset_async(**_valid_kwargs(instance.reset_async, kwargs))
-        else:
-            observation = await self.run(lambda: instance.reset(**_valid_kwargs(instance.reset, kwargs)))
-        data = serialize_observation(observation)
-        return {"type": "text", "text": orjson.dumps(data["observation"]).decode(),
-                "detail": {KEY: {"observation": data, "state": await self.state()}}}
-
-    async def _hold_mcp_session(self) -> None:
-        # Entered and left by one task of its own: FastMCP's client session runs under anyio,
-        # whose scopes must be left by the task that entered them.
+    async def open(self) -> None:
         factory = getattr(self.instance, "mcp_session", None)
         if not callable(factory):
             return
         entered: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._release = asyncio.Event()
+        release = self.release = asyncio.Event()
 
         async def hold() -> None:
             try:
                 async with factory():
                     entered.set_result(None)
-                    await self._release.wait()
+                    await release.wait()
             except BaseException as exc:
                 if not entered.done():
                     entered.set_exception(exc)
                     return
                 raise
 
-        self._holder = asyncio.create_task(hold())
+        self.holder = asyncio.create_task(hold())
         await entered
 
-    async def state(self) -> dict[str, Any]:
-        return serialize_state(await self.run(lambda: self.instance.state))
+    async def close(self, run) -> None:
+        if self.release is not None:
+            self.release.set()
+            with contextlib.suppress(BaseException):
+                await self.holder
+        with contextlib.suppress(Exception):
+            await run(self.instance.close)
+
+
+class Idle:
+    """Instances whose episode ended cleanly, kept (MCP session open) for the next episode of the
+    same worker: it resets one, as OpenEnv's own server resets a socket's instance for each episode
+    instead of building another. A worker serves one environment version for one team, so an
+    instance only ever serves that team. At most ``limit`` per declaration."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: dict[int, list[Held]] = {}
+
+    def take(self, declaration: Declaration) -> Held | None:
+        stack = self.held.get(id(declaration))
+        return stack.pop() if stack else None
+
+    def give(self, declaration: Declaration, held: Held) -> bool:
+        stack = self.held.setdefault(id(declaration), [])
+        if len(stack) >= self.limit:
+            return False
+        stack.append(held)
+        return True
+
+
+class Episode:
+    """One session's instance. ``run`` runs a sync function off the event loop (the worker's pool);
+    ``idle``, where given, lends a kept instance and takes it back at a clean end."""
+
+    def __init__(self, declaration: Declaration, run, idle: Idle | None = None) -> None:
+        self.declaration = declaration
+        self.run = run
+        self.idle = idle
+        self.held: Held | None = None
+        self.instance: Any = None
+        self.clean = True  # no call raised: the instance may serve another episode
+        self.running = 0  # calls in flight (an episode ended under one leaves a busy instance)
+
+    async def start(self, task_spec: Any) -> dict[str, Any]:
+        """An instance (kept or built, its MCP session open), reset; the prompt's one block."""
+        held = self.idle.take(self.declaration) if self.idle is not None else None
+        if held is None:
+            held = Held(await self.run(self.declaration.factory))
+            self.held = held
+            await held.open()
+        self.held, self.instance = held, held.instance
+        kwargs = dict(task_spec) if isinstance(task_spec, dict) else {}
+        instance = self.instance
+        try:
+            if _overrides(instance, "reset_async"):
+                observation = await instance.reset_async(**_valid_kwargs(instance.reset_async, kwargs))
+            else:
+                observation = await self.run(lambda: instance.reset(**_valid_kwargs(instance.reset, kwargs)))
+        except BaseException:
+            self.clean = False
+            raise
+        data = serialize_observation(observation)
+        return {"type": "text", "text": orjson.dumps(data["observation"]).decode(),
+                "detail": {KEY: {"observation": data, "state": self.state()}}}
+
+    def state(self) -> dict[str, Any]:
+        # On the loop, as OpenEnv's WebSocket handler reads it: a property, not a step.
+        return serialize_state(self.instance.state)
 
     async def call(self, name: str, tool_input: dict) -> dict:
         """``{"result": <ORS tool result>}``: ok with the observation, or a refusal of the input."""
@@ -348,10 +398,17 @@ class Episode:
                 errors = _json(exc.errors(include_url=False))
                 return {"result": {"ok": False, "error": f"Invalid action: {errors}", "reason": "input_validation"}}
         instance = self.instance
-        if _overrides(instance, "step_async"):
-            observation = await instance.step_async(action)
-        else:
-            observation = await self.run(instance.step, action)
+        self.running += 1
+        try:
+            if _overrides(instance, "step_async"):
+                observation = await instance.step_async(action)
+            else:
+                observation = await self.run(instance.step, action)
+        except BaseException:
+            self.clean = False
+            raise
+        finally:
+            self.running -= 1
         data = serialize_observation(observation)
         error = data["observation"].get("error") if declaration.tool_env else None
         if error:  # a tool's own error: refused over ORS, the observation rebuilt by the OpenEnv face
@@ -359,7 +416,7 @@ class Episode:
                                "reason": str(error.get("error_type", "execution_error"))}}
         reward = data["reward"]
         output = {"blocks": [{"type": "text", "text": self._text(data)}],
-                  "metadata": {KEY: {"observation": data, "state": await self.state()}},
+                  "metadata": {KEY: {"observation": data, "state": self.state()}},
                   "reward": None if reward is None else float(reward), "finished": data["done"]}
         return {"result": {"ok": True, "output": output}}
 
@@ -375,10 +432,9 @@ class Episode:
         return orjson.dumps(data["observation"]).decode()
 
     async def stop(self) -> None:
-        if self._release is not None:
-            self._release.set()
-            with contextlib.suppress(BaseException):
-                await self._holder
-        if self.instance is not None:
-            with contextlib.suppress(Exception):
-                await self.run(self.instance.close)
+        held, self.held = self.held, None
+        if held is None:
+            return
+        if self.clean and not self.running and self.idle is not None and self.idle.give(self.declaration, held):
+            return
+        await held.close(self.run)

@@ -95,6 +95,7 @@ class _Live:
 
 SDK_MODULES = ("ors.environment", "openreward.environments.environment", "openenv.core.env_server.interfaces")
 OPENENV_HOST = Path(__file__).with_name("openenv_host.py")  # bound beside this file in the sandbox
+IDLE_OPENENV_INSTANCES = 64  # per class: a worker's sessions (ORS_SANDBOX_SESSIONS_PER_WORKER's default)
 
 
 def openenv_host() -> types.ModuleType:
@@ -221,6 +222,7 @@ class Host:
         self._cls: dict[str, type] = {}
         self._models: dict[tuple[type, str], Any] = {}
         self._declarations: dict[str, Any] = {}  # OpenEnv classes' declarations, by entrypoint
+        self._idle: Any = None  # OpenEnv instances kept between episodes (openenv_host.Idle)
         self._lock = threading.Lock()
 
     # --- loading ---------------------------------------------------------------------------
@@ -264,8 +266,12 @@ class Host:
         """An OpenEnv-SDK class: its instance built and reset as an episode (openenv_host.py)."""
         host = openenv_host()
         try:
-            declaration = await self.run(self.declaration, msg["entrypoint"], cls)
-            episode = host.Episode(declaration, self.run)
+            declaration = self._declarations.get(msg["entrypoint"])
+            if declaration is None:  # the first session: the app module imported off the loop
+                declaration = await self.run(self.declaration, msg["entrypoint"], cls)
+            if self._idle is None:
+                self._idle = host.Idle(IDLE_OPENENV_INSTANCES)
+            episode = host.Episode(declaration, self.run, self._idle)
             episode.prompt = await episode.start(msg.get("task_spec"))
         except BaseException as exc:  # environment code may raise anything
             raise SetupError(f"{type(exc).__name__}: {exc}") from None
