@@ -11,6 +11,14 @@ unmodified ``GenericEnvClient``s, the client TRL wraps: every worker keeps one s
 episodes back to back, an episode being ``reset(split, index)`` then one ``call_tool`` step with the
 task's answer (reward 1.0 expected), as a trainer reuses one environment client per rollout slot.
 
+``--sdk-env``: the same comparison on an environment written against OpenEnv's own SDK (the
+``MCPEnvironment`` ``tally`` of tests/catalog/openenv_packages.py, laid out as OpenEnv's examples
+are): the reference serves the package's own ``server/app.py`` (its ``create_app``) on uvicorn, the
+platform hosts the same package published unchanged (``publish_env``, as ``builtin/tally``; without
+its pyproject.toml, so it runs on the platform's runtime, where the test extra installed openenv: the
+build is exercised by the tests, not timed here). An episode is ``reset(target=k)`` then one
+``call_tool("add", amount=k)``, which ends it with reward 1.0.
+
 Hold mode: ``--hold N`` sockets are opened against the platform and kept open for the duration, each
 calling a tool every ``--step-every`` seconds (jittered); prints the success rate and step latency.
 The importer's generated server limits itself to one session and marks the environment as not
@@ -40,6 +48,7 @@ try:  # run as a script (bench/ on sys.path) or imported as bench.openenv_compar
         ROOT,
         SetupError,
         free_port,
+        manage,
         platform_command,
         platform_env,
         postgres_database,
@@ -54,6 +63,7 @@ except ImportError:  # pragma: no cover
         ROOT,
         SetupError,
         free_port,
+        manage,
         platform_command,
         platform_env,
         postgres_database,
@@ -101,6 +111,33 @@ app = create_app(Concurrent, CallToolAction, CallToolObservation, env_name=name,
 uvicorn.run(app, host="127.0.0.1", port=int(os.environ["OE_PORT"]), log_level="warning", access_log=False,
             loop="uvloop", http="httptools")
 '''
+
+
+# The reference for --sdk-env: the package's own app (its create_app call), as `uvicorn server.app:app`
+# would serve it from the package folder.
+REFERENCE_SDK_APP = '''
+import os, sys
+sys.path.insert(0, os.environ["OE_PACKAGE_ROOT"])
+import uvicorn
+from server.app import app
+uvicorn.run(app, host="127.0.0.1", port=int(os.environ["OE_PORT"]), log_level="warning", access_log=False,
+            loop="uvloop", http="httptools")
+'''
+SDK_ENV = "tally"
+
+
+def sdk_package(workdir: Path) -> Path:
+    """The OpenEnv-SDK package, written once per run (no pyproject.toml: see --sdk-env)."""
+    root = workdir / "sdk" / f"{SDK_ENV}_env"
+    if not root.is_dir():
+        sys.path.insert(0, str(ROOT))
+        from tests.catalog.openenv_packages import tally
+
+        for name, text in tally().items():
+            if name != "pyproject.toml":
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                (root / name).write_text(text)
+    return root
 
 
 @dataclass
@@ -151,12 +188,39 @@ async def _episode_worker(url: str, headers: dict[str, str], rec: Recorder, stop
                 rec.latencies["step"].append(t2 - t1)
 
 
+async def _sdk_episode_worker(url: str, headers: dict[str, str], rec: Recorder, stop: float, offset: int,
+                              env: str) -> None:
+    """An OpenEnv-SDK episode: reset with the environment's own argument, one tool call ending it."""
+    i = offset
+    async with GenericEnvClient(base_url=url, headers=headers) as client:
+        while time.monotonic() < stop:
+            i += 1
+            target = 1 + i % 97
+            t0 = time.monotonic()
+            try:
+                await client.reset(target=target)
+                t1 = time.monotonic()
+                step = await client.step({"type": "call_tool", "tool_name": "add", "arguments": {"amount": target}})
+                t2 = time.monotonic()
+            except Exception as exc:
+                if time.monotonic() < stop:
+                    rec.error(type(exc).__name__ + ": " + str(exc)[:80])
+                return
+            if step.reward != 1.0 or not step.done:
+                rec.error(f"unexpected result reward={step.reward} done={step.done}")
+            elif rec.measuring(t0, t2):
+                rec.episodes += 1
+                rec.latencies["reset"].append(t1 - t0)
+                rec.latencies["step"].append(t2 - t1)
+
+
 async def episodes_load(url: str, headers: dict[str, str], concurrency: int, duration: float, warmup: float,
-                        env: str, server_pid: int | None = None) -> dict[str, Any]:
+                        env: str, server_pid: int | None = None, sdk: bool = False) -> dict[str, Any]:
     rec = Recorder()
     now = time.monotonic()
     rec.start, rec.end = now + warmup, now + warmup + duration
-    workers = asyncio.gather(*[_episode_worker(url, headers, rec, rec.end, k * 7919, env) for k in range(concurrency)])
+    worker = _sdk_episode_worker if sdk else _episode_worker
+    workers = asyncio.gather(*[worker(url, headers, rec, rec.end, k * 7919, env) for k in range(concurrency)])
     await asyncio.sleep(warmup)
     cpu0, server0 = time.process_time(), tree_cpu_seconds(server_pid) if server_pid else 0.0
     await asyncio.sleep(duration)
@@ -193,9 +257,24 @@ def reference_server(env: str, workdir: Path, max_sessions: int, startup_timeout
 
 
 @contextlib.contextmanager
-def platform_server(database_url: str, workdir: Path, startup_timeout: float, server: str = "uvicorn"):
+def reference_sdk_server(workdir: Path, max_sessions: int, startup_timeout: float):
+    port = free_port()
+    environ = {**os.environ, "OE_PACKAGE_ROOT": str(sdk_package(workdir)), "OE_PORT": str(port),
+               "MAX_CONCURRENT_ENVS": str(max_sessions)}
+    script = workdir / "reference_sdk_app.py"
+    script.write_text(REFERENCE_SDK_APP)
+    with server_process("reference (the package's own app)", [sys.executable, str(script)], environ,
+                        f"http://127.0.0.1:{port}", workdir / "reference-sdk.log", startup_timeout) as proc:
+        yield f"http://127.0.0.1:{port}", proc
+
+
+@contextlib.contextmanager
+def platform_server(database_url: str, workdir: Path, startup_timeout: float, server: str = "uvicorn",
+                    sdk: bool = False):
     env = platform_env(database_url)
     api_key = prepare_platform(env)
+    if sdk:
+        manage(["publish_env", str(sdk_package(workdir)), "--team", "builtin", "--slug", SDK_ENV], env)
     port = free_port()
     with server_process(f"platform ({server})", platform_command(server, port), env, f"http://127.0.0.1:{port}",
                         workdir / f"platform-{server}.log", startup_timeout) as proc:
@@ -213,14 +292,19 @@ def database(args: argparse.Namespace, workdir: Path):
 
 def run_compare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"config": vars(args), "runs": []}
+    sdk = args.sdk_env
+    env = SDK_ENV if sdk else args.env
     for concurrency in args.concurrency:
-        with reference_server(args.env, workdir, max(concurrency * 2, 8), args.startup_timeout) as (url, proc):
+        reference = (reference_sdk_server(workdir, max(concurrency * 2, 8), args.startup_timeout) if sdk else
+                     reference_server(args.env, workdir, max(concurrency * 2, 8), args.startup_timeout))
+        with reference as (url, proc):
             print(f"-- reference, concurrency {concurrency}", flush=True)
-            ref = asyncio.run(episodes_load(url, {}, concurrency, args.duration, args.warmup, args.env, proc.pid))
-        with database(args, workdir) as db, platform_server(db, workdir, args.startup_timeout) as (url, key, proc):
+            ref = asyncio.run(episodes_load(url, {}, concurrency, args.duration, args.warmup, env, proc.pid, sdk))
+        with database(args, workdir) as db, platform_server(db, workdir, args.startup_timeout, sdk=sdk) as (
+                url, key, proc):
             print(f"-- platform, concurrency {concurrency}", flush=True)
-            plat = asyncio.run(episodes_load(f"{url}/openenv/builtin/{args.env}", {"X-API-Key": key}, concurrency,
-                                             args.duration, args.warmup, args.env, proc.pid))
+            plat = asyncio.run(episodes_load(f"{url}/openenv/builtin/{env}", {"X-API-Key": key}, concurrency,
+                                             args.duration, args.warmup, env, proc.pid, sdk))
         ratio = plat["episodes_per_s"] / ref["episodes_per_s"] if ref["episodes_per_s"] else float("nan")
         results["runs"].append({"concurrency": concurrency, "reference": ref, "platform": plat, "ratio": ratio})
         print(format_row("reference", ref), format_row("platform", plat), f"   ratio {ratio:.2f}", sep="\n",
@@ -337,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--sdk-env", action="store_true",
+                        help="compare on an environment written against OpenEnv's SDK (tally), hosted here "
+                             "against its own app on OpenEnv's server")
     parser.add_argument("--postgres", action="store_true", help="the platform on a fresh PostgreSQL database")
     parser.add_argument("--hold", type=int, default=0, help="hold mode: this many sockets open at once")
     parser.add_argument("--step-every", type=float, default=5.0)

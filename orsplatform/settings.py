@@ -390,6 +390,9 @@ ORS_BUILD_LOG_DIR = Path(os.environ.get("ORS_BUILD_LOG_DIR", VAR_DIR / "builds")
 ORS_BUILD_INDEX_URL = os.environ.get("ORS_BUILD_INDEX_URL", "https://pypi.org/simple")
 ORS_BUILD_ALLOWED_HOSTS = [h.strip() for h in os.environ.get(
     "ORS_BUILD_ALLOWED_HOSTS", "pypi.org,files.pythonhosted.org").split(",") if h.strip()]
+# The OpenEnv SDK version an environment that requires openenv (or openenv-core) is built with: the
+# one the sandbox's OpenEnv adapter (runners/sandbox/openenv_host.py) is written against.
+ORS_OPENENV_VERSION = os.environ.get("ORS_OPENENV_VERSION", "0.10.0")
 ORS_BUILD_TIMEOUT_SECONDS = env_float("ORS_BUILD_TIMEOUT_SECONDS", 900.0)
 ORS_BUILD_MEMORY_MB = env_int("ORS_BUILD_MEMORY_MB", 4096)
 ORS_BUILD_DISK_MB = env_int("ORS_BUILD_DISK_MB", 4096)  # one environment's files, and any one file

@@ -50,6 +50,9 @@ class EnvironmentVersion(models.Model):
     tools = models.JSONField(default=list)
     splits = models.JSONField(default=list)
     manifest = models.JSONField(default=dict)
+    # An OpenEnv-SDK environment's declaration, as its inspection found it: {"kind": "mcp"|"step",
+    # "env_name", "schema": {action, observation, state, reset_observation}}; empty for the others.
+    openenv = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)
     error = models.TextField(blank=True)
     # What the package asks to have installed (normalized), and the key of the Python environment

@@ -58,6 +58,9 @@ MiB = 1024 * 1024
 BUILD_OUTPUT_BYTES = MiB  # of the installer's output kept in the build log, per run
 LOG_TAIL_BYTES = 16384
 OUTPUT_TAIL_BYTES = 65536
+# How environments are built (wheels only, bytecode compiled): part of every key, so environments
+# built another way are never reused for a new build.
+LAYOUT = "wheels-only,bytecode"
 
 
 class BuildFailed(Exception):
@@ -166,7 +169,7 @@ def _digest(text: str) -> str:
 
 
 def _declared_key(requirements: list[str]) -> str:
-    return _digest("\n".join([sys.version.split()[0], "wheels-only", *platform_pins(), "--", *requirements]))
+    return _digest("\n".join([sys.version.split()[0], LAYOUT, *platform_pins(), "--", *requirements]))
 
 
 def _root() -> Path:
@@ -388,11 +391,15 @@ def _install(path: Path, work: Path, log: BuildLog, built: dict[str, str]) -> No
         resolved.write_text(_without(untrusted_files.read_text(work, "resolved.txt", limit=MiB), set(built)))
     commands = [
         [uv.find_uv_bin(), "venv", "--quiet", "--allow-existing", "--python", _base_python(), str(path)],
-        [uv.find_uv_bin(), "pip", "sync", "--no-build", "--python", f"{path}/bin/python", str(resolved)],
+        # Compiled here, once: the sandbox mounts the environment read-only, so a worker could
+        # never write the .pyc files and would compile every module it imports at each start
+        # (tens of seconds for an SDK such as openenv's). Compiling runs no package code.
+        [uv.find_uv_bin(), "pip", "sync", "--no-build", "--compile-bytecode", "--python", f"{path}/bin/python",
+         str(resolved)],
     ]
     if built:
         # The wheels built from source go in without the shared cache: copied, never cached.
-        commands.append([uv.find_uv_bin(), "pip", "install", "--no-deps", "--no-index", "--no-cache",
+        commands.append([uv.find_uv_bin(), "pip", "install", "--no-deps", "--no-index", "--no-cache", "--compile-bytecode",
                          "--link-mode", "copy", "--python", f"{path}/bin/python",
                          *(str(work / "wheels" / f) for f in sorted(built.values()))])
     log.write(f"[platform] $ uv venv && uv pip sync into {path.name}"
@@ -418,8 +425,8 @@ def ensure(requirements: list[str], log: BuildLog) -> Built:
     try:
         resolved, built = _resolve(requirements, work, log)
         # Wheels built from source are part of what the environment is (a rebuild need not match).
-        key = _digest(resolved + "".join(f"{f} {hashlib.sha256((work / 'wheels' / f).read_bytes()).hexdigest()}\n"
-                                         for f in sorted(built.values())))
+        key = _digest(f"{LAYOUT}\n{resolved}" + "".join(
+            f"{f} {hashlib.sha256((work / 'wheels' / f).read_bytes()).hexdigest()}\n" for f in sorted(built.values())))
         path = root / key
         with _locked(key):
             if _ready(path):

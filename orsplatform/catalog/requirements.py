@@ -6,6 +6,11 @@ Only plain PEP 508 requirements from the package index are accepted. Options (``
 nothing else, and a requirements file must not pick another index or pull files from outside the
 package. A requirement on one of the SDKs the worker boundary speaks must admit the version the
 platform pins: an environment cannot swap the SDK out from under the platform.
+
+OpenEnv's SDK (``openenv``) is installed only into the environments that ask for it, and always at
+the platform's version (``ORS_OPENENV_VERSION``), the one its sandbox adapter speaks. Before 0.4 its
+distribution was called ``openenv-core``, and OpenEnv's own examples still require that name
+(``openenv-core[core]>=0.2.2``): it is read as a requirement on the same SDK.
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+from django.conf import settings
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 # The distributions the sandbox worker itself imports, installed into every built environment at
 # the platform's own versions (the worker speaks these SDKs and frames with orjson).
 PINNED = ("ors-sdk", "openreward", "orjson")
+# SDKs pinned when asked for: the names a package may use, and the distribution installed.
+ON_REQUEST = {"openenv": "openenv", "openenv-core": "openenv"}
 MAX_REQUIREMENTS = 200
 MAX_LINE = 500
 
@@ -60,6 +68,23 @@ def _check_pinned(requirement: Requirement, where: str) -> None:
             "leave the line out.")
 
 
+def _on_request(requirement: Requirement, where: str) -> str | None:
+    """The pinned requirement for an SDK installed on request, or None for any other package."""
+    name = canonicalize_name(requirement.name)
+    if name not in ON_REQUEST:
+        return None
+    version = settings.ORS_OPENENV_VERSION
+    # openenv-core's own numbers (0.1-0.3) say nothing about openenv's: only openenv's are checked.
+    if name == ON_REQUEST[name] and requirement.specifier and not requirement.specifier.contains(
+            version, prereleases=True):
+        raise RequirementsError(
+            f"{where}: {requirement} cannot be met: this platform runs OpenEnv environments with {name} "
+            f"{version} (the SDK its sandbox speaks). Require {name}=={version}, a range that includes it, "
+            "or openenv-core.")
+    marker = f"; {requirement.marker}" if requirement.marker else ""
+    return f"{ON_REQUEST[name]}=={version}{marker}"
+
+
 def _requirements_txt(path: Path) -> list[tuple[str, str]]:
     lines = []
     for number, raw in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
@@ -96,7 +121,7 @@ def collect(root: Path, manifest: dict) -> list[str]:
     for line, where in found:
         requirement = _parse(line, where)
         _check_pinned(requirement, where)
-        out.add(str(requirement))
+        out.add(_on_request(requirement, where) or str(requirement))
     return sorted(out)
 
 

@@ -3,7 +3,7 @@ environment of another team is indistinguishable from a missing one."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -44,6 +44,8 @@ class EnvHandle:
     split_order: tuple[str, ...]
     # The secret names its manifest declares: all another team's caller may send it.
     required_secrets: frozenset[str] = frozenset()
+    # An OpenEnv-SDK environment's declaration (EnvironmentVersion.openenv); empty for the others.
+    openenv: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def full_name(self) -> str:
@@ -111,6 +113,7 @@ def _handle(environment: Environment, version: EnvironmentVersion) -> EnvHandle:
         version_number=version.number, package_path=version.package_path, entrypoint=version.entrypoint,
         tools=version.tools, tool_timeout=float(timeout), splits=infos, split_order=order,
         required_secrets=frozenset(n for n in version.manifest.get("required_secrets") or () if isinstance(n, str)),
+        openenv=version.openenv or {},
     )
 
 

@@ -39,6 +39,7 @@ TASK_BATCH = 2000
 # killed process left so is removed by uploads_remove_stale.
 STAGING_PREFIX = ".staging-"
 IGNORED_NAMES = {"__pycache__", ".git", ".DS_Store"}
+MAX_OPENENV_BYTES = 1024 * 1024  # an OpenEnv declaration (its JSON schemas) kept with the version
 
 
 class PublishError(Exception):
@@ -206,6 +207,12 @@ def _report_checked(report: dict, results: Results) -> dict:
     names = [s["name"] for s in splits]
     if len(set(names)) != len(names):
         raise bad("splits")
+    openenv = report.get("openenv")
+    if openenv is not None and not (isinstance(openenv, dict) and openenv.get("kind") in ("mcp", "step")
+                                    and isinstance(openenv.get("schema"), dict)
+                                    and isinstance(openenv.get("env_name"), str)
+                                    and len(json.dumps(openenv)) <= MAX_OPENENV_BYTES):
+        raise bad("openenv")
     claimed = report.get("task_counts")
     claimed = claimed if isinstance(claimed, dict) else {}
     report["task_counts"] = {name: None if claimed.get(name) is None else results.counts.get(position, 0)
@@ -393,8 +400,9 @@ def _version_fill(*, environment: Environment, version: EnvironmentVersion, repo
     """Write what inspection found (tools, splits, tasks) and make the version current, unless a
     newer version became current meanwhile. Callers hold a transaction and the environment's lock."""
     version.entrypoint, version.tools, version.splits = report["entrypoint"], report["tools"], report["splits"]
+    version.openenv = report.get("openenv") or {}
     version.status = EnvironmentVersion.Status.READY
-    version.save(update_fields=["entrypoint", "tools", "splits", "status", "pyenv"])
+    version.save(update_fields=["entrypoint", "tools", "splits", "openenv", "status", "pyenv"])
     for position, split in enumerate(report["splits"]):
         name, type_ = split["name"], split["type"]
         # A split's tasks are replaced only by tasks the package brings (a task file wins over

@@ -28,7 +28,7 @@ from orsplatform.gateway.errors import UNAVAILABLE, GatewayError
 from orsplatform.gateway.gateway import EpisodeGateway
 from orsplatform.openenv import selectors
 from orsplatform.openenv.consumer import OpenEnvConsumer
-from orsplatform.openenv.episodes import NOT_RESET, Episodes, OpenEnvSession, Uninterruptible
+from orsplatform.openenv.episodes import NOT_RESET, STEP_TOOL, Episodes, OpenEnvSession, Uninterruptible
 from orsplatform.openenv.sockets import OpenSockets, Revocable
 from orsplatform.openenv.wire import (
     CAPACITY_REACHED,
@@ -285,6 +285,8 @@ class OpenEnvFace:
                 return await self._mcp_close(caller, env, rid, params, socket_session)
             if method not in ("tools/list", "tools/call"):
                 return rpc_error(rid, METHOD_NOT_FOUND, f"Method not found: {method}")
+            if env.openenv and env.openenv.get("kind") != "mcp":
+                return rpc_error(rid, INTERNAL_ERROR, "Environment does not support MCP")  # as upstream
             session = socket_session
             if session is None and params.get("session_id"):
                 session = self.episodes.mcp_session(caller, env, params["session_id"])
@@ -303,6 +305,8 @@ class OpenEnvFace:
             if session is None:
                 return rpc_error(rid, INTERNAL_ERROR, NOT_RESET)
             async with _locked(session, socket_session):
+                if env.openenv:
+                    return _native_rpc(rid, await self.episodes.native_step(session, name, arguments))
                 observation = await self.episodes.call_observation(
                     session, CallToolAction(tool_name=name, arguments=arguments))
             return rpc_result(rid, observation)
@@ -414,7 +418,11 @@ class OpenEnvFace:
                     reply = await self.episodes.reset(session, ResetData.model_validate(data), guard)
                     return dumps({"type": "observation", "data": reply}), None
                 if kind == "step":
-                    action = parse_action(_frame_data(message, required=True))
+                    data = _frame_data(message, required=True)
+                    if session.env.openenv.get("kind") == "step":  # its own action, validated by its model
+                        reply = await self.episodes.native_step(session, STEP_TOOL, data)
+                        return dumps({"type": "observation", "data": reply}), None
+                    action = parse_action(data)
                     if isinstance(action, ListToolsAction):
                         reply = await self.episodes.list_tools(session)
                     else:
@@ -438,6 +446,16 @@ class OpenEnvFace:
             except Exception as exc:
                 log.exception("openenv %s frame failed", kind)
                 return dumps(error_frame(f"{type(exc).__name__}: {exc}", EXECUTION_ERROR)), None
+
+
+def _native_rpc(rid: Any, observation: dict) -> dict:
+    """``tools/call`` on an OpenEnv-SDK MCP environment, as its own server answers it: the tool's
+    result (FastMCP's CallToolResult, whose ``data`` MCPToolClient returns), or its error."""
+    fields = observation.get("observation") or {}
+    error = fields.get("error")
+    if error:
+        return rpc_error(rid, INTERNAL_ERROR, str(error.get("message") if isinstance(error, dict) else error))
+    return rpc_result(rid, fields.get("result"))
 
 
 def _frame_data(message: dict, *, required: bool) -> Any:

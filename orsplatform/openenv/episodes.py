@@ -6,6 +6,12 @@ holds at most one ORS episode at a time: ``reset`` ends the current one (if any)
 next, on the task it names or the first split's task 0; tool calls run on the current episode;
 ``close`` (or the socket going away) ends it. Every episode is a gateway episode tagged
 ``protocol="openenv"``: recorded, limited, audited and redacted like an ORS one.
+
+An environment written against OpenEnv's own SDK (``EnvHandle.openenv``, hosted by
+runners/sandbox/openenv_host.py) is served in its own terms instead: ``reset`` data are its
+``reset`` arguments (the episode's task spec), a step is its own action (one ``step`` tool, or its
+MCP tools) and the answers are its own serialized observations and state, which its worker hands
+back with the prompt (the block's ``detail``) and with every result (``output.metadata``).
 """
 
 from __future__ import annotations
@@ -47,6 +53,12 @@ log = logging.getLogger("orsplatform.openenv")
 
 PROTOCOL = Session.Protocol.OPENENV
 NOT_RESET = "Call reset() before invoking ORS tools"
+STEP_TOOL = "step"  # a plain OpenEnv-SDK environment's one tool (openenv_host.STEP_TOOL)
+NATIVE = "openenv"  # where an OpenEnv-SDK environment's worker puts its observation and state
+# A tool's refusal (the worker's reason) as OpenEnv's ToolErrorType.
+TOOL_ERROR_TYPES = {"not_found": "tool_not_found", "input_validation": "invalid_args", "timeout": "timeout",
+                    "tool_not_found": "tool_not_found", "invalid_args": "invalid_args",
+                    "transport_error": "transport_error"}
 # MCP sessions a create looks at for sweeping: a constant, so a create costs the same with 100 or
 # 20,000 others open (each create adds one and retires up to this many, so the registry keeps pace).
 SWEEP_STEP = 2
@@ -86,12 +98,20 @@ class OpenEnvSession:
     attached: bool = False  # a socket serves this (MCP) session now
     run: str | None = None  # the X-Run header its socket was opened with (reset's `run` wins)
     close_pending: bool = False  # openenv/session/close came while a socket held it
+    native_state: dict[str, Any] | None = None  # an OpenEnv-SDK environment's state, as last reported
     last_used: float = field(default_factory=time.monotonic)
     # One message at a time, in order, whichever transport it came by.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def owned_by(self, caller: Caller, env: EnvHandle) -> bool:
         return self.caller.team_id == caller.team_id and self.env.environment_id == env.environment_id
+
+
+def _native(holder: Any) -> dict[str, Any]:
+    """The observation and state an OpenEnv-SDK environment's worker put in a block's detail or a
+    result's metadata (empty when absent)."""
+    native = holder.get(NATIVE) if isinstance(holder, dict) else None
+    return native if isinstance(native, dict) else {}
 
 
 def gateway_error(exc: GatewayError, *, creating: bool = False) -> OpenEnvError:
@@ -185,6 +205,8 @@ class Episodes:
         else:
             await self.close(session)
         split, index, task_spec = data.split, data.index, data.task_spec
+        if env.openenv and task_spec is None and split is None and index is None:
+            task_spec = data.reset_kwargs() or None  # the environment's own reset arguments
         if task_spec is None:
             if split is None and index is None:
                 if not env.split_order:
@@ -217,6 +239,10 @@ class Episodes:
         except OpenEnvError:
             await self.close(session)
             raise
+        if env.openenv:
+            native = _native(blocks[0].get("detail") if blocks and isinstance(blocks[0], dict) else None)
+            session.native_state = native.get("state")
+            return native.get("observation") or observation_data({"metadata": {}}, None, False)
         metadata = {"source_type": "ors", "original_env_class": env.entrypoint.rpartition(":")[2],
                     "environment": f"{env.full_name}@{env.version_number}", "session_id": sid,
                     "episode_id": session.episode_id, "task_spec": session.task_spec, "split": session.split,
@@ -267,12 +293,42 @@ class Episodes:
                 "tool_name": action.tool_name,
                 "result": {"blocks": output.get("blocks") or [], "metadata": metadata}, "error": None}
 
+    async def native_step(self, session: OpenEnvSession, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """One step of an OpenEnv-SDK environment: its serialized observation ({observation, reward,
+        done, metadata?}). A session without an episode gets one first (OpenEnv's sessions hold an
+        instance from their start, so a tool may be called before any reset)."""
+        if session.live is None:
+            await self.reset(session, ResetData())
+        live = await self._current(session)
+        entry = await self._guard(self.gateway.call(session.caller, live, tool_name, arguments))
+        result, exception = entry.outcome()
+        session.step_count += 1
+        if exception is not None:
+            raise OpenEnvError(EXECUTION_ERROR, exception)
+        if result is None or not result.get("ok"):
+            message = str((result or {}).get("error") or "The step failed")
+            reason = str((result or {}).get("reason") or "execution_error")
+            if session.env.openenv.get("kind") != "mcp":
+                code = VALIDATION_ERROR if reason == "input_validation" else EXECUTION_ERROR
+                raise OpenEnvError(code, message)
+            return observation_data({"metadata": {}, "tool_name": tool_name, "result": None,
+                                     "error": {"error_type": TOOL_ERROR_TYPES.get(reason, "execution_error"),
+                                               "message": message}}, None, False)
+        native = _native(result["output"].get("metadata"))
+        if "state" in native:
+            session.native_state = native["state"]
+        return native.get("observation") or observation_data({"metadata": {}}, None, False)
+
     async def call_tool(self, session: OpenEnvSession, action: CallToolAction) -> dict[str, Any]:
+        if session.env.openenv:
+            return await self.native_step(session, action.tool_name, action.arguments)
         observation = await self.call_observation(session, action)
         reward, done = observation.pop("reward"), observation.pop("done")
         return observation_data(observation, reward, done, observation["metadata"])
 
     def state(self, session: OpenEnvSession) -> dict[str, Any]:
+        if session.env.openenv and session.live is not None and session.native_state is not None:
+            return session.native_state
         state: dict[str, Any] = {"episode_id": session.episode_id, "step_count": session.step_count}
         if session.live is not None:
             state.update(source_type="ors", original_env_class=session.env.entrypoint.rpartition(":")[2],
@@ -283,6 +339,7 @@ class Episodes:
     async def close(self, session: OpenEnvSession) -> None:
         """End the session's episode, if any (teardown and the audit row closed by the gateway)."""
         live, session.live = session.live, None
+        session.native_state = None
         if live is not None:
             await self._end(session.caller, live)
 

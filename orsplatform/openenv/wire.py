@@ -105,10 +105,11 @@ class SecretValue(BaseModel):
 
 
 class ResetData(BaseModel):
-    """``reset`` data as the ORS importer template takes it; other keys are ignored, as OpenEnv's
-    server drops keyword arguments the environment's ``reset`` does not take."""
+    """``reset`` data as the ORS importer template takes it. Other keys are kept for an OpenEnv-SDK
+    environment (they are its ``reset`` keyword arguments, see ``reset_kwargs``) and ignored for the
+    others, as OpenEnv's server drops keyword arguments the environment's ``reset`` does not take."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     task_spec: dict[str, Any] | None = None
     split: str | None = Field(default=None, max_length=100)
@@ -133,6 +134,11 @@ class ResetData(BaseModel):
 
     def secret_values(self) -> dict[str, str]:
         return {k: v if isinstance(v, str) else v.value for k, v in (self.secrets or {}).items()}
+
+    def reset_kwargs(self) -> dict[str, Any]:
+        """What an OpenEnv-SDK environment's ``reset`` is called with: every key but the task
+        selection and the secrets (``seed``, ``episode_id`` and the environment's own)."""
+        return self.model_dump(mode="json", exclude_unset=True, exclude={"task_spec", "split", "index", "secrets"})
 
 
 class ListToolsAction(BaseModel):
@@ -223,9 +229,12 @@ _BLOCK = {"type": "object", "title": "Block", "description": "An ORS content blo
 
 
 def schemas(env: EnvHandle) -> dict[str, Any]:
-    """``/schema``: the call-tool action with one variant per shared tool (its arguments are the
+    """``/schema``: an OpenEnv-SDK environment's own models (as its inspection recorded them); for
+    the others, the call-tool action with one variant per shared tool (its arguments are the
     tool's input schema), the call observation, the reset observation and the state. Task-specific
     tools are known only per episode (``list_tools``), so a free-form call stays allowed."""
+    if env.openenv:
+        return env.openenv["schema"]
     variants = [{
         "type": "object", "title": f"call_tool:{spec['name']}", "description": spec["description"],
         "properties": {"type": {"const": "call_tool", "default": "call_tool"},

@@ -97,8 +97,12 @@ def _check_requirements(requirements: list) -> None:
         match = REQUIREMENT_NAME.match(str(requirement))
         if match is None:
             raise ValueError(f"Requirement {requirement!r} is not a package name.")
+        name = match.group(1)
+        if name.lower().replace("_", "-") == "openenv-core":
+            # OpenEnv's old distribution name, built as openenv (catalog/requirements.py)
+            name, requirement = "openenv", "openenv"
         try:
-            installed = metadata.version(match.group(1))
+            installed = metadata.version(name)
         except metadata.PackageNotFoundError:
             missing.append(str(requirement))
             continue
@@ -274,6 +278,8 @@ async def inspect_package(package_dir: str, entrypoint: str, channel: Channel, s
         entrypoint = discover_entrypoint(package_dir)
     report["entrypoint"] = entrypoint
     cls = load_environment_class(package_dir, entrypoint)
+    if sdk_bases()[sdk_base(cls)] == "openenv":
+        return await inspect_openenv(package_dir, cls, channel, sample, report, stage)
     stage("tools")
     tools = [t.model_dump() for t in cls.list_tools().tools]
     if not tools:
@@ -305,6 +311,60 @@ async def inspect_package(package_dir: str, entrypoint: str, channel: Channel, s
         await _maybe(env.teardown())
         report["prompt_checked"] = True
     report.update(ok=True, check="done", class_name=cls.__name__, sdk=sdk_bases()[sdk_base(cls)])
+    return report
+
+
+def _task_file_splits(package_dir: str) -> list[str]:
+    """Split names of the package's task files (``tasks/<split>.jsonl|csv|parquet``)."""
+    folder = Path(package_dir) / "tasks"
+    if not folder.is_dir():
+        return []
+    return sorted({p.stem for p in folder.iterdir() if p.suffix in (".jsonl", ".csv", ".parquet") and p.is_file()})
+
+
+async def inspect_openenv(package_dir: str, cls, channel: Channel, sample: dict | None, report: dict,
+                          stage) -> dict:
+    """An OpenEnv-SDK class (sandbox/openenv_host.py): its app's declaration, its tools (its MCP
+    tools, or one ``step`` tool taking its action), its splits (the package's task files, else one
+    ``default`` split whose one task resets with no arguments) and a reset of a sample task."""
+    from orsplatform.runners.loader import register_package
+    from orsplatform.runners.sandbox import openenv_host
+
+    async def run(fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+    stage("declaration")
+    declaration = openenv_host.declare(register_package(package_dir), package_dir, cls)
+    stage("tools")
+    if declaration.tool_env:
+        tools = await openenv_host.list_tools(declaration, run)
+        if not tools:
+            raise ValueError("The environment's MCP server lists no tools.")
+    else:
+        tools = [openenv_host.step_tool(declaration)]
+    stage("schemas")
+    for tool in tools:
+        _check_schema(tool)
+    schemas = declaration.schemas()
+    stage("splits")
+    names = _task_file_splits(package_dir)
+    counts: dict[str, int | None] = {name: None for name in names}
+    if not names:
+        names, counts = ["default"], {"default": 1}
+        channel.task(0, {})
+    splits = [_split(name) if name != "default" else {"name": name, "type": "train"} for name in names]
+    if sample is None:
+        sample = {}
+    stage("prompt")
+    episode = openenv_host.Episode(declaration, run)
+    try:
+        await episode.start(sample)
+    finally:
+        await episode.stop()
+    report.update(tools=tools, splits=splits, task_counts=counts, prompt_checked=True, ok=True, check="done",
+                  class_name=cls.__name__, sdk="openenv",
+                  openenv={"kind": "mcp" if declaration.tool_env else "step", "env_name": declaration.env_name,
+                           "schema": schemas})
     return report
 
 
@@ -365,6 +425,9 @@ def main() -> int:
     request = json.loads(sys.stdin.buffer.read() or b"{}")
     sample = request.get("sample")
     _apply_limits()
+    from orsplatform.runners.sandbox.openenv_host import NoWebInterface
+
+    NoWebInterface.install()  # as in the worker: OpenEnv's /web page (Gradio) is not served
     _reserve = bytearray(16 * 1024 * 1024)
     report: dict = {"ok": False, "check": "start"}
     try:

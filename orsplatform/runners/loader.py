@@ -2,8 +2,9 @@
 the prompt renderer use this in their sandbox (sandbox/worker.py keeps its own copy of the import
 rules below, since nothing of the platform is mounted in a worker's sandbox).
 
-Environments are written against either SDK: ``ors`` (ors-sdk) or ``openreward.environments``
-(openreward). Both are recognised by their ``Environment`` base class.
+Environments are written against ``ors`` (ors-sdk), ``openreward.environments`` (openreward) or
+OpenEnv's ``openenv.core`` (its ``Environment`` / ``MCPEnvironment``, hosted through
+sandbox/openenv_host.py). Each is recognised by its ``Environment`` base class.
 
 A package is imported the way ``python server.py`` sees it, with one difference: its modules live
 under a synthetic top-level package of their own (``orspkg_<hash>``), so relative imports work in
@@ -27,7 +28,8 @@ from pathlib import Path
 
 # Where each SDK's Environment base class is defined; looked up in sys.modules, since a tenant's
 # class can only subclass an SDK it has imported.
-SDK_MODULES = {"ors.environment": "ors", "openreward.environments.environment": "openreward"}
+SDK_MODULES = {"ors.environment": "ors", "openreward.environments.environment": "openreward",
+               "openenv.core.env_server.interfaces": "openenv"}
 
 _lock = threading.Lock()
 _classes: dict[tuple[str, str], type] = {}
@@ -176,6 +178,6 @@ def _import(package_dir: str, entrypoint: str) -> type:
     module = importlib.import_module(f"{pkg_name}.{module_path}")
     cls = getattr(module, class_name, None)
     if sdk_base(cls) is None:
-        raise EntrypointError(f"{entrypoint!r} is not an Environment subclass (ors.Environment or "
-                              "openreward.environments.Environment).")
+        raise EntrypointError(f"{entrypoint!r} is not an Environment subclass (ors.Environment, "
+                              "openreward.environments.Environment or openenv's Environment).")
     return cls

@@ -18,6 +18,8 @@ import os
 import resource
 import sys
 
+from orsplatform.runners.sandbox import openenv_host
+
 
 def _limit(kind: int, value: int) -> None:
     """Sets the limit, never above the one the sandbox already imposes (which may be lower)."""
@@ -47,9 +49,25 @@ async def render(package_dir: str, entrypoint: str, spec) -> list:
     from orsplatform.runners.loader import load_environment_class
 
     cls = load_environment_class(package_dir, entrypoint)
+    if openenv_host.is_openenv_class(cls):  # an OpenEnv-SDK class: its reset observation is the prompt
+        return await _openenv_prompt(package_dir, cls, spec)
     env = cls(task_spec=spec, secrets={})
     blocks = await _maybe(env.get_prompt())  # no setup(): only tasks that render without it
     return [b.model_dump(mode="json") if isinstance(b, BaseModel) else b for b in blocks or []]
+
+
+async def _openenv_prompt(package_dir: str, cls: type, spec) -> list:
+    from orsplatform.runners.loader import register_package
+
+    async def run(fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+    declaration = openenv_host.declare(register_package(package_dir), package_dir, cls)
+    episode = openenv_host.Episode(declaration, run)
+    try:
+        return [await episode.start(spec)]
+    finally:
+        await episode.stop()
 
 
 def main() -> int:
@@ -60,6 +78,7 @@ def main() -> int:
     os.dup2(2, 1)
     spec = json.loads(sys.stdin.buffer.read())
     _limits()
+    openenv_host.NoWebInterface.install()  # as in the worker: OpenEnv's /web page is not served
     try:
         result = {"ok": True, "blocks": asyncio.run(render(package_dir, entrypoint, spec))}
     except BaseException as exc:  # tenant code may raise anything, SystemExit included

@@ -3,8 +3,8 @@ runners/inspector.py, and the environment pages' prompt renderer, runners/prompt
 same sandbox as the workers.
 
 It sees the package (read-only, at the neutral PACKAGE, not at the host's path), the Python
-runtime and the two platform modules it runs (the child module and loader.py, which import no
-Django), and nothing else: no settings, no database, no other package, no network, no process of
+runtime and the platform modules it runs (the child module, loader.py and the OpenEnv adapter
+sandbox/openenv_host.py, which import no Django), and nothing else: no settings, no database, no other package, no network, no process of
 the platform (its own pid namespace, so no /proc/<pid>/environ either). Nothing of the host is
 writable from it: its one writable place is the sandbox's private, sized /tmp, gone with it. Its
 input comes on stdin and its results go back on stdout (runners/inspection.py), so the platform
@@ -39,6 +39,8 @@ def child_command(config: SandboxConfig, *, module: str, package_dir: Path, args
         "--ro-bind", str(RUNNERS / f"{module}.py"), f"{LIB}/orsplatform/runners/{module}.py",
         "--ro-bind", str(RUNNERS / "loader.py"), f"{LIB}/orsplatform/runners/loader.py",
         *data_binds(str(package_dir)),  # /orwd_data: a class may list its tasks from its data
+        "--ro-bind", empty_init, f"{LIB}/orsplatform/runners/sandbox/__init__.py",
+        "--ro-bind", str(RUNNERS / "sandbox" / "openenv_host.py"), f"{LIB}/orsplatform/runners/sandbox/openenv_host.py",
     ]
     # /tmp is a tmpfs: what the child writes there is memory, so it gets a worker's default size
     # (ORS_SANDBOX_TMP_MB), not the validation's larger per-file limit.

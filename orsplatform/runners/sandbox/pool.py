@@ -49,6 +49,8 @@ HEADER = struct.Struct(">I")
 # (frame sizes are framing.py's; a stderr line longer than this ends the draining of tenant prints).
 MAX_FRAME = 4 * 1024 * 1024
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
+# The OpenEnv-SDK adapter the worker loads from beside itself (worker.openenv_host).
+OPENENV_HOST_SCRIPT = Path(__file__).with_name("openenv_host.py")
 LAUNCH_SCRIPT = Path(__file__).with_name("launch.py")
 # Where things appear inside the sandbox: neutral paths, none of the host's.
 SANDBOX_WORKER = "/ors/worker.py"
@@ -183,7 +185,9 @@ def command(config: SandboxConfig, package_dir: str, limits: Limits, cgroup: Wor
     # Started in the package's folder, as `python server.py` is run from its repository: code that
     # opens its data files by relative path finds them (read-only; /tmp is where it may write).
     package += data_binds(package_dir)
-    return sandboxed(config, limits, ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER, *package], worker,
+    binds = ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER,
+             "--ro-bind", str(OPENENV_HOST_SCRIPT), str(Path(SANDBOX_WORKER).with_name(OPENENV_HOST_SCRIPT.name))]
+    return sandboxed(config, limits, [*binds, *package], worker,
                      runtime=runtime, chdir=SANDBOX_PACKAGE, cgroup=cgroup, copies=copies)
 
 

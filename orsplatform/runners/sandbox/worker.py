@@ -108,7 +108,21 @@ class _Live:
 
 # --- importing a package: the rules of orsplatform.runners.loader, which is not mounted here ---------
 
-SDK_MODULES = ("ors.environment", "openreward.environments.environment")
+SDK_MODULES = ("ors.environment", "openreward.environments.environment", "openenv.core.env_server.interfaces")
+OPENENV_HOST = Path(__file__).with_name("openenv_host.py")  # bound beside this file in the sandbox
+IDLE_OPENENV_INSTANCES = 64  # per class: a worker's sessions (ORS_SANDBOX_SESSIONS_PER_WORKER's default)
+
+
+def openenv_host() -> types.ModuleType:
+    """The OpenEnv-SDK adapter (openenv_host.py), loaded by path: only this file's folder is
+    mounted, and ``-I`` keeps it off sys.path. Loaded when the first OpenEnv class is."""
+    module = sys.modules.get("ors_openenv_host")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("ors_openenv_host", OPENENV_HOST)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["ors_openenv_host"] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 def sdk_base(cls: object) -> type | None:
@@ -120,6 +134,11 @@ def sdk_base(cls: object) -> type | None:
         if isinstance(base, type) and cls is not base and issubclass(cls, base):
             return base
     return None
+
+
+def is_openenv_class(cls: type) -> bool:
+    base = getattr(sys.modules.get(SDK_MODULES[2]), "Environment", None)
+    return isinstance(base, type) and issubclass(cls, base)
 
 
 class _Alias(importlib.abc.Loader):
@@ -212,10 +231,13 @@ class Host:
 
         self.Environment = Environment
         self.package_dir = package_dir
+        openenv_host().NoWebInterface.install()  # before the package imports openenv, if it does
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ors-env")
         self.live: dict[str, _Live] = {}
         self._cls: dict[str, type] = {}
         self._models: dict[tuple[type, str], Any] = {}
+        self._declarations: dict[str, Any] = {}  # OpenEnv classes' declarations, by entrypoint
+        self._idle: Any = None  # OpenEnv instances kept between episodes (openenv_host.Idle)
         self._lock = threading.Lock()
 
     # --- loading ---------------------------------------------------------------------------
@@ -243,6 +265,37 @@ class Host:
         if sdk_base(cls) is None:
             raise ValueError(f"{entrypoint!r} is not an Environment subclass (ors or openreward).")
         return cls
+
+    def declaration(self, entrypoint: str, cls: type) -> Any:
+        """What an OpenEnv class's app declares (factory, action model), looked up once."""
+        declaration = self._declarations.get(entrypoint)
+        if declaration is None:
+            with self._lock:
+                declaration = self._declarations.get(entrypoint)
+                if declaration is None:
+                    declaration = self._declarations[entrypoint] = openenv_host().declare(
+                        register_package(self.package_dir), self.package_dir, cls)
+        return declaration
+
+    async def _setup_openenv(self, msg: dict, cls: type) -> dict | None:
+        """An OpenEnv-SDK class: its instance built and reset as an episode (openenv_host.py)."""
+        host = openenv_host()
+        try:
+            declaration = self._declarations.get(msg["entrypoint"])
+            if declaration is None:  # the first session: the app module imported off the loop
+                declaration = await self.run(self.declaration, msg["entrypoint"], cls)
+            if self._idle is None:
+                self._idle = host.Idle(IDLE_OPENENV_INSTANCES)
+            episode = host.Episode(declaration, self.run, self._idle)
+            episode.prompt = await episode.start(msg.get("task_spec"))
+        except BaseException as exc:  # environment code may raise anything
+            raise SetupError(f"{type(exc).__name__}: {exc}") from None
+        self.live[msg["sid"]] = _Live(episode, (), self._dispatch_openenv)
+        return {"prompt": [episode.prompt], "task_tools": []} if msg.get("first") else None
+
+    @staticmethod
+    async def _dispatch_openenv(episode: Any, name: str, tool_input: dict) -> dict:
+        return await episode.call(name, tool_input)
 
     def _overrides(self, instance: Any, name: str) -> bool:
         base = self.Environment if isinstance(instance, self.Environment) else sdk_base(type(instance))
@@ -277,6 +330,14 @@ class Host:
         secrets = msg.get("secrets") or {}
         values = secret_values(secrets)
         first = bool(msg.get("first"))
+        cls = self._cls.get(msg["entrypoint"])
+        if cls is None:  # the first session of this class: imported off the loop
+            try:
+                cls = await self.run(self.load, msg["entrypoint"])
+            except BaseException as exc:  # environment code may raise anything
+                raise SetupError(redact(f"{type(exc).__name__}: {exc}", values)) from None
+        if is_openenv_class(cls):
+            return await self._setup_openenv(msg, cls)
         try:
             instance, pending, extra = await self.run(self._build, msg["entrypoint"], msg.get("task_spec"),
                                                       secrets, first)
@@ -333,11 +394,13 @@ class Host:
 
     async def op_prompt(self, msg: dict) -> list:
         live = self._instance(msg["sid"])
+        if live.dispatch == self._dispatch_openenv:
+            return [live.instance.prompt]
         return self._blocks(await self.run(live.instance.get_prompt))
 
     async def op_task_tools(self, msg: dict) -> list:
         live = self._instance(msg["sid"])
-        if not self._overrides(live.instance, "list_task_tools"):
+        if live.dispatch == self._dispatch_openenv or not self._overrides(live.instance, "list_task_tools"):
             return []
         return [t.model_dump(mode="json") for t in (await self.run(live.instance.list_task_tools)).tools]
 
@@ -414,7 +477,9 @@ class Host:
 
     async def op_stop(self, msg: dict) -> None:
         live = self.live.pop(msg["sid"], None)
-        if live is not None and self._overrides(live.instance, "teardown"):
+        if live is not None and live.dispatch == self._dispatch_openenv:
+            await live.instance.stop()
+        elif live is not None and self._overrides(live.instance, "teardown"):
             try:
                 await self.run(live.instance.teardown)
             except Exception:
