@@ -1,9 +1,10 @@
 """Evaluation throughput: an AAP agent run over the bundled math tasks, driven by the platform.
 
     .venv/bin/python bench/evals_bench.py --episodes 1000 --concurrency 32 [--stream delta]
-        [--database-url postgres://postgres@127.0.0.1:5432/aap]
+        [--database-url postgres://postgres@127.0.0.1:5432/aap] [--aap-version 1|2|3]
 
-The reference agent (tests/evals/aap_agent.py, its own process, real HTTP and SSE) plays `solver`.
+The reference agent (tests/evals/aap_agent.py, its own process, real HTTP and SSE; with
+--aap-version 2 or 3 the SDK-shaped tests/evals/aap_sdk_agent.py) plays `solver`.
 The platform side is `manage.py eval_run` on the embedded default (eager Celery): the run is driven
 inside that one process (engine + episode gateway + inline executor), so its CPU — user + system
 of the process and every child it reaped, from wait4 — is the platform's CPU (PostgreSQL's backends
@@ -88,6 +89,8 @@ def main() -> None:
     parser.add_argument("--warmup-episodes", type=int, default=64)
     parser.add_argument("--stream", choices=["none", "message", "delta"], default="delta")
     parser.add_argument("--database-url", default="", help="default: SQLite in a temporary directory")
+    parser.add_argument("--aap-version", type=int, choices=[1, 2, 3], default=1,
+                        help="the AAP version the agent speaks (2 and 3: shaped as the TypeScript SDK's server)")
     args = parser.parse_args()
 
     # With an outside database the published packages must outlive the run (the database points at
@@ -104,8 +107,9 @@ def main() -> None:
         env["DATABASE_URL"] = args.database_url
     else:
         env.pop("DATABASE_URL", None)
-    agent = subprocess.Popen([PY, str(ROOT / "tests" / "evals" / "aap_agent.py"), "--port", str(port)], cwd=ROOT,
-                             stdout=(workdir / "agent.log").open("w"), stderr=subprocess.STDOUT)
+    script = ["aap_agent.py"] if args.aap_version == 1 else ["aap_sdk_agent.py", "--version", str(args.aap_version)]
+    agent = subprocess.Popen([PY, str(ROOT / "tests" / "evals" / script[0]), *script[1:], "--port", str(port)],
+                             cwd=ROOT, stdout=(workdir / "agent.log").open("w"), stderr=subprocess.STDOUT)
     try:
         print(f"-- setup in {workdir} ({'PostgreSQL' if args.database_url else 'SQLite'})", flush=True)
         manage(["migrate", "--noinput"], env)
@@ -124,7 +128,8 @@ def main() -> None:
         print(f"-- warm-up: {args.warmup_episodes} episodes at concurrency {args.concurrency}", flush=True)
         warm_cpu, _ = timed_run(env, args.warmup_episodes, args.concurrency, start=0)
         agent_before = agent_cpu(agent.pid)
-        print(f"-- measured: {args.episodes} episodes at concurrency {args.concurrency} ({args.stream})", flush=True)
+        print(f"-- measured: {args.episodes} episodes at concurrency {args.concurrency} ({args.stream}, "
+              f"AAP v{args.aap_version})", flush=True)
         cpu, output = timed_run(env, args.episodes, args.concurrency, start=args.warmup_episodes)
         agent_spent = agent_cpu(agent.pid) - agent_before
         run_id = int(output.split("Run #", 1)[1].split(":", 1)[0])

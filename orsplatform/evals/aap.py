@@ -1,6 +1,7 @@
-"""The application side of the Agent Application Protocol, version 1 (spec/aap-v1-endpoints.md,
-spec/aap-v1-wire.md): /meta discovery, PUT /session, POST /session/:id, DELETE /session/:id, in the
-three response modes (JSON for "none", SSE for "message" and "delta").
+"""The application side of the Agent Application Protocol, versions 1 to 3 (spec/aap-v1-endpoints.md,
+spec/aap-v1-wire.md, spec/aap-versions.md): /meta discovery, then each agent spoken to in the version
+its /meta declares (evals/aap_versions.py holds what differs): create a session, send turns, delete
+it, in the three response modes (JSON for "none", SSE for "message" and "delta").
 
 No Python implementation of AAP exists; this one is httpx for HTTP (over the egress policy's
 transport, evals/egress.py) and a bounded SSE reader of its own: httpx-sse reads a line whole
@@ -23,9 +24,8 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
-from orsplatform.evals import egress
+from orsplatform.evals import aap_versions, egress
 
-PROTOCOL_VERSION = 1
 STOP_REASONS = frozenset({"end_turn", "tool_use", "max_tokens", "refusal", "error"})
 STREAM_MODES = ("none", "message", "delta")
 # An agent's text kept in a transcript, per block: enough to read, bounded so a chatty agent
@@ -36,6 +36,9 @@ MAX_ERROR_BYTES = 4096
 # Compressed replies are refused rather than inflated: a small gzip body can inflate a
 # thousandfold, past every byte cap below.
 IDENTITY = {"Accept-Encoding": "identity"}
+STREAM_CUT = ("Agent fault: the agent's event stream ended without its final event (turn_stop), so the turn's "
+              "outcome is unknown. Some agent servers (the AAP TypeScript SDK's, 0.8.0) close streamed turns "
+              'before their last events; register this agent with stream "none".')
 
 
 class AapError(Exception):
@@ -218,7 +221,8 @@ class EventReader:
 # --- discovery ---------------------------------------------------------------------------------------
 
 def fetch_meta(url: str, api_key: str, agent: str) -> dict[str, Any]:
-    """The /meta entry of `agent` on the server at `url` (version 1 only), plus the server's version.
+    """The /meta entry of `agent` on the server at `url` (AAP version 1, 2 or 3), plus the server's
+    version as `protocol_version` (what the platform then speaks to it).
     Raises AapError with a sentence for the API's 400. The whole call ends within
     ORS_EVAL_META_TIMEOUT_SECONDS and reads at most ORS_EVAL_MAX_META_BYTES, so a trickling or
     endless /meta holds the calling thread (a web request's) no longer than that."""
@@ -247,13 +251,15 @@ def fetch_meta(url: str, api_key: str, agent: str) -> dict[str, Any]:
         meta = json.loads(body)
     except (ValueError, RecursionError):  # too deep: under the caps, still not JSON
         raise AapError("GET /meta did not answer JSON.") from None
-    if not isinstance(meta, dict) or meta.get("version") != PROTOCOL_VERSION:
-        version = meta.get("version") if isinstance(meta, dict) else None
-        raise AapError(f"The server speaks AAP version {version!r}; only version {PROTOCOL_VERSION} is supported.")
+    version = meta.get("version") if isinstance(meta, dict) else None
+    if not aap_versions.supported(version):
+        known = ", ".join(map(str, aap_versions.VERSIONS))
+        raise AapError(f"The server speaks AAP version {_brief(repr(version), 40)}; the platform speaks versions "
+                       f"{known}.")
     agents = meta.get("agents") if isinstance(meta.get("agents"), list) else []
     for entry in agents:
         if isinstance(entry, dict) and entry.get("name") == agent:
-            return {**entry, "protocol_version": PROTOCOL_VERSION}
+            return {**entry, "protocol_version": version}
     names = [a.get("name") for a in agents if isinstance(a, dict)]
     raise AapError(f"The server has no agent named {agent!r} (it has: {', '.join(map(str, names)) or 'none'}).")
 
@@ -334,55 +340,98 @@ def _stop_reason(value: Any) -> str:
 
 
 class AapClient:
-    """One agent endpoint, over a shared httpx.AsyncClient (its connection pool)."""
+    """One agent endpoint, over a shared httpx.AsyncClient (its connection pool), in the AAP
+    version its /meta declared."""
 
     def __init__(self, http: httpx.AsyncClient, *, url: str, api_key: str, stream: str,
-                 turn_timeout: float) -> None:
+                 turn_timeout: float, version: int = 1) -> None:
         self.http = http
         self.url = url
         self.headers = _headers(api_key)
         self.stream = stream
         self.turn_timeout = turn_timeout
+        self.version = version
 
     async def create(self, body: dict, on_session: Callable[[str], None] | None = None) -> Turn:
-        """PUT /session. `on_session` learns the new session's id as soon as the agent tells it
-        (session_start, before the turn ends, in the stream modes): whoever cancels the turn can
-        still delete the session."""
-        turn = await self._turn("PUT", "/session", body, on_session)
-        if not turn.session_id:
-            raise AapError("Malformed reply: no sessionId for the new session.")
+        """Create the agent's session and run its first turn on `body["messages"]`. `on_session`
+        learns the new session's id as soon as the agent tells it (v1/v2: session_start, before
+        the turn ends, in the stream modes; v3: the reply of POST /sessions, before the turn):
+        whoever cancels the turn can still delete the session."""
+        if not aap_versions.creates_apart(self.version):
+            turn = await self._turn("PUT", "/session", body, on_session, creating=True)
+            if not turn.session_id:
+                raise AapError("Malformed reply: no sessionId for the new session.")
+            return turn
+        session_id = await self._open({k: body[k] for k in ("agent", "tools") if k in body})
+        if on_session is not None:
+            on_session(session_id)
+        turn = await self.send(session_id, {"messages": body.get("messages") or []})
+        turn.session_id = session_id
         return turn
 
     async def send(self, session_id: str, body: dict) -> Turn:
-        return await self._turn("POST", f"/session/{session_id}", body)
+        return await self._turn("POST", aap_versions.turn_path(self.version, session_id), body)
 
     async def delete(self, session_id: str) -> None:
         # Best effort, bounded: the episode's score does not depend on the agent's clean-up, and the
         # reply's body is never read (its status is all there is to know).
         try:
             async with asyncio.timeout(settings.ORS_EVAL_CONNECT_TIMEOUT_SECONDS):
-                async with self.http.stream("DELETE", _endpoint(self.url, f"/session/{session_id}"),
+                async with self.http.stream("DELETE",
+                                            _endpoint(self.url, aap_versions.session_path(self.version, session_id)),
                                             headers={**self.headers, **IDENTITY}):
                     pass
         except (httpx.HTTPError, httpx.InvalidURL, TimeoutError, egress.EgressRefused):
             pass
 
+    async def _open(self, body: dict) -> str:
+        """v3's POST /sessions: 201 with the new session's id, no turn run."""
+        async def read(response: httpx.Response) -> str:
+            raw = await _aread_capped(response, "The reply of POST /sessions", settings.ORS_EVAL_MAX_TURN_BYTES,
+                                      "ORS_EVAL_MAX_TURN_BYTES")
+            try:
+                data = json.loads(raw)
+            except (ValueError, RecursionError):
+                raise AapError(f"Malformed reply to POST /sessions: not JSON: {_error_text([raw])}") from None
+            session_id = data.get("sessionId") if isinstance(data, dict) else None
+            if not isinstance(session_id, str) or not session_id:
+                raise AapError("Malformed reply: no sessionId for the new session.")
+            return session_id
+
+        return await self._exchange("POST", "/sessions", body, {**self.headers, **IDENTITY}, read, creating=True)
+
     async def _turn(self, method: str, path: str, body: dict,
-                    on_session: Callable[[str], None] | None = None) -> Turn:
+                    on_session: Callable[[str], None] | None = None, *, creating: bool = False) -> Turn:
         body = {**body, "stream": self.stream}
         headers = {**self.headers, **IDENTITY}
         if self.stream != "none":
             headers.update({"Accept": "text/event-stream", "Cache-Control": "no-store"})
+
+        async def read(response: httpx.Response) -> Turn:
+            if self.stream == "none":
+                raw = await _aread_capped(response, "The agent's turn", settings.ORS_EVAL_MAX_TURN_BYTES,
+                                          "ORS_EVAL_MAX_TURN_BYTES")
+                return self._json_turn(raw, on_session)
+            return await self._sse_turn(response, on_session)
+
+        return await self._exchange(method, path, body, headers, read, creating=creating)
+
+    async def _exchange(self, method: str, path: str, body: dict, headers: dict[str, str],
+                        read: Callable[[httpx.Response], Any], *, creating: bool = False) -> Any:
+        """One call to the agent within the turn's deadline; every failure an AapError."""
         try:
             async with asyncio.timeout(self.turn_timeout):
                 async with self.http.stream(method, _endpoint(self.url, path), json=body, headers=headers) as response:
                     if response.status_code >= 400:
-                        raise AapError(f"Agent answered HTTP {response.status_code}: {await _aread_error(response)}")
-                    if self.stream == "none":
-                        raw = await _aread_capped(response, "The agent's turn", settings.ORS_EVAL_MAX_TURN_BYTES,
-                                                  "ORS_EVAL_MAX_TURN_BYTES")
-                        return self._json_turn(raw, on_session)
-                    return await self._sse_turn(response, on_session)
+                        hint = ""
+                        if creating and response.status_code in (404, 405):
+                            # The likeliest cause: the server moved to another AAP version since /meta
+                            # was read; the agent keeps the version it was registered (or pinged) with.
+                            hint = (f" ({method} {path} is AAP version {self.version}'s; if the agent's server "
+                                    "now speaks another version, ping its /meta.)")
+                        raise AapError(f"Agent answered HTTP {response.status_code}: "
+                                       f"{await _aread_error(response)}{hint}")
+                    return await read(response)
         except TimeoutError:
             raise AapError(f"Agent timed out: the turn did not end within {self.turn_timeout:g} s.") from None
         except egress.EgressRefused as exc:
@@ -425,7 +474,8 @@ class AapClient:
                 elif kind == "tool_use":
                     turn.add_tool_use(block)
                 elif kind == "image":
-                    turn.blocks.append({"type": "image", "mimeType": block.get("mimeType")})
+                    turn.blocks.append({"type": "image", "mimeType": block.get("mimeType")
+                                        or aap_versions.mime_of_url(block.get("url"))})
         return turn
 
     async def _events(self, response: httpx.Response) -> AsyncIterator[Event]:
@@ -476,28 +526,12 @@ class AapClient:
                 # turn_start and events of later versions carry nothing the application needs.
         finally:
             await events.aclose()
-        raise AapError("Malformed SSE: the stream ended without turn_stop.")
+        # An agent fault, named as such: the AAP TypeScript SDK's server (0.8.0) writes its events
+        # without awaiting them and can close a streamed turn before its last ones.
+        raise AapError(STREAM_CUT)
 
 
-# --- ORS <-> AAP content ---------------------------------------------------------------------------
-
-def ors_blocks_to_aap(blocks: list[dict]) -> list[dict]:
-    """ORS text and image blocks as AAP content blocks (the same two shapes, other spellings aside)."""
-    out: list[dict] = []
-    for block in blocks or []:
-        if block.get("type") == "text":
-            out.append({"type": "text", "text": block.get("text", "")})
-        elif block.get("type") == "image":
-            out.append({"type": "image", "mimeType": block.get("mimeType") or block.get("mime_type") or "image/png",
-                        "data": block.get("data", "")})
-    return out
-
-
-def ors_tools_to_aap(tools: list[dict]) -> list[dict]:
-    return [{"name": t["name"], "description": t.get("description") or t["name"],
-             "inputSchema": t.get("input_schema") or t.get("inputSchema") or {"type": "object"}}
-            for t in tools]
-
+# --- transcripts -------------------------------------------------------------------------------------
 
 def for_transcript(blocks: list[dict]) -> list[dict]:
     """Blocks as a transcript keeps them: long text cut, images reduced to their type."""

@@ -29,16 +29,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from orsplatform.evals import crypto, egress, services
-from orsplatform.evals.aap import (
-    AapClient,
-    AapError,
-    Turn,
-    UrlNotAllowed,
-    check_url,
-    for_transcript,
-    ors_blocks_to_aap,
-    ors_tools_to_aap,
-)
+from orsplatform.evals.aap import AapClient, AapError, Turn, UrlNotAllowed, check_url, for_transcript
+from orsplatform.evals.aap_versions import ors_blocks_to_aap, ors_tools_to_aap
 from orsplatform.evals.models import EvalRun
 from orsplatform.evals.services import EpisodeScore, RunPlan
 from orsplatform.gateway.errors import GatewayError, storable
@@ -91,16 +83,18 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def tool_reply(result: dict | None, exception: str | None) -> tuple[list[dict] | str, float | None, bool, bool]:
-    """An ORS call's outcome as AAP tool-result content, with its reward, finished flag and ok.
-    AAP has no error flag on results: a failed call goes back as text starting "Error:"."""
+def tool_reply(result: dict | None, exception: str | None, *,
+               version: int = 1) -> tuple[list[dict] | str, float | None, bool, bool]:
+    """An ORS call's outcome as AAP tool-result content (in the agent's AAP version), with its
+    reward, finished flag and ok. AAP has no error flag on results: a failed call goes back as text
+    starting "Error:"."""
     if exception is not None or result is None:
         return f"Error: {exception or 'the call failed'}", None, False, False
     if not result.get("ok"):
         error = result.get("error")
         return f"Error: {error if isinstance(error, str) else error!r}", None, False, False
     output = result.get("output") or {}
-    content = ors_blocks_to_aap(output.get("blocks") or []) or "(no output)"
+    content = ors_blocks_to_aap(output.get("blocks") or [], version) or "(no output)"
     return content, output.get("reward"), bool(output.get("finished")), True
 
 
@@ -206,7 +200,7 @@ class Engine:
         except UrlNotAllowed as exc:
             return EvalRun.Status.FAILED, str(exc)
         client = AapClient(self.http, url=plan.agent_url, api_key=plan.api_key, stream=plan.agent_stream,
-                           turn_timeout=plan.turn_timeout)
+                           turn_timeout=plan.turn_timeout, version=plan.agent_protocol)
         queue = deque(plan.indices)
         stopped = asyncio.Event()
 
@@ -290,8 +284,8 @@ class Engine:
             prompt = await gw.prompt(live)
             tools = await gw.tools(live)
             body = {"agent": {"name": plan.agent_name, "tools": plan.agent_tools, "options": plan.agent_options},
-                    "messages": [{"role": "user", "content": ors_blocks_to_aap(prompt)}],
-                    "tools": ors_tools_to_aap(tools)}
+                    "messages": [{"role": "user", "content": ors_blocks_to_aap(prompt, plan.agent_protocol)}],
+                    "tools": ors_tools_to_aap(tools, plan.agent_protocol)}
             turn = await self._open_agent_session(client, body, told)
             aap_sid = turn.session_id
             state.turns = 1
@@ -308,8 +302,9 @@ class Engine:
         except Exception as exc:
             log.exception("episode %s of run %s failed in the platform", index, plan.run_id)
             state.stop_reason, state.error = "error", f"Platform: {type(exc).__name__}: {exc}"
-        # A PUT /session that failed after the agent told the session's id (session_start, then a
-        # malformed or endless stream): the session exists on its server and is deleted too.
+        # A first turn that failed after the agent told the session's id (session_start or v3's
+        # POST /sessions, then a malformed or endless turn): the session exists on its server and is
+        # deleted too.
         aap_sid = aap_sid or next(iter(told), None)
         # The episode has its result: a cancel from here on must not lose it (nor leave the
         # session open), so clean-up and scoring finish whatever happens to this task.
@@ -322,8 +317,9 @@ class Engine:
             raise
 
     async def _open_agent_session(self, client: AapClient, body: dict, known: list[str]) -> Turn:
-        """PUT /session. A cancel while it is in flight must not leave the agent's session open on
-        its server: the id arrives with session_start (stream modes) or with the reply ("none"), so
+        """Create the agent's session and run its first turn. A cancel while it is in flight must
+        not leave the agent's session open on its server: the id arrives with session_start (v1/v2
+        stream modes), with the reply ("none"), or before the turn (v3's POST /sessions), so
         the cancel deletes the session at once if its id is known, else waits for it (at most a turn,
         and at most ORS_EVAL_CANCEL_GRACE_SECONDS), then lets the cancel through. `known` gets the id
         as soon as the agent tells it, for the caller to delete the session if the turn fails."""
@@ -376,7 +372,7 @@ class Engine:
             for use in turn.tool_uses:
                 if use.name in app_tools:
                     entry = await self._call(plan, live, use.name, use.input)
-                    content, reward, finished, ok = tool_reply(*entry.outcome())
+                    content, reward, finished, ok = tool_reply(*entry.outcome(), version=plan.agent_protocol)
                     state.tool_calls += 1
                     if reward is not None:
                         state.reward += reward

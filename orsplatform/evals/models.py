@@ -1,4 +1,4 @@
-"""Agents (AAP v1 endpoints a team registered), evaluation runs over an environment's tasks, and
+"""Agents (AAP endpoints of versions 1 to 3 a team registered), evaluation runs over an environment's tasks, and
 one row per task of a run. Rows only: the driving lives in evals/engine.py, writes in services."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def team_caller(*, team: Team) -> Caller:
 
 def agent_register(*, team: Team, name: str, url: str, agent: str, api_key: str = "", options: dict | None = None,
                    stream: str = "none", trusted_tools: list[str] | None = None) -> Agent:
-    """Register an agent after reading its /meta (version 1, the named agent, the stream mode).
+    """Register an agent after reading its /meta (AAP version 1 to 3, the named agent, the stream mode).
     Raises ValidationError with the reason (unreachable, wrong version, unsupported mode, SSRF)."""
     if stream not in aap.STREAM_MODES:
         raise ValidationError(f"stream must be one of {', '.join(aap.STREAM_MODES)}.")
@@ -237,6 +237,8 @@ class RunPlan:
     agent_options: dict
     agent_stream: str
     agent_tools: list[dict]
+    # The AAP version the agent's /meta declared at registration (or its last ping).
+    agent_protocol: int
     secret_names: list[str]
     api_key: str = field(repr=False, default="")
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
@@ -266,6 +268,7 @@ def eval_run_claim(*, run_id: int, owner: str) -> RunPlan | None:
         concurrency=run.concurrency, max_turns=run.max_turns, pass_threshold=run.pass_threshold,
         turn_timeout=run.turn_timeout or settings.ORS_EVAL_TURN_TIMEOUT_SECONDS,
         agent_url=agent.url, agent_name=agent.agent, agent_options=agent.options or {}, agent_stream=agent.stream,
+        agent_protocol=int((agent.meta or {}).get("protocol_version") or 1),
         agent_tools=[{"name": t["name"], "trust": t["name"] in trusted}
                      for t in (agent.meta.get("tools") or []) if isinstance(t, dict) and t.get("name")],
         secret_names=list(run.secret_names or []), api_key=crypto.decrypt(agent.api_key_encrypted),

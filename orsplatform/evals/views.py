@@ -92,7 +92,8 @@ def agents(request: HttpRequest, team: str) -> HttpResponse:
             except ValidationError as exc:
                 form.add_error(None, exc)
             else:
-                messages.success(request, f"Agent {agent.name} registered (AAP version 1).")
+                messages.success(request, f"Agent {agent.name} registered (AAP version "
+                                          f"{agent.meta.get('protocol_version', 1)}).")
                 return redirect("evals:agents", team=team_obj.slug)
     return render(request, "evals/agents.html", {"team": team_obj, "form": form, **_abilities(request, team_obj),
                                                  "agents": selectors.agents_of_team(team=team_obj)},
@@ -116,7 +117,8 @@ def agent_ping_view(request: HttpRequest, team: str, agent_id: int) -> HttpRespo
     except ValidationError as exc:
         messages.error(request, f"Ping of {agent.name} failed: {' '.join(exc.messages)}")
     else:
-        messages.success(request, f"{agent.name} answered /meta: version {meta.get('version', '?')}.")
+        messages.success(request, f"{agent.name} answered /meta: version {meta.get('version', '?')}, "
+                                  f"AAP version {meta.get('protocol_version', '?')}.")
     return redirect("evals:agents", team=team_obj.slug)
 
 

@@ -1,4 +1,4 @@
-"""A reference AAP v1 agent server for the evaluation tests and the benchmark: a scripted agent in
+"""A reference AAP v1 agent server (tests/evals/aap_sdk_agent.py speaks versions 2 and 3) for the evaluation tests and the benchmark: a scripted agent in
 its own process, over real HTTP and SSE, in all three stream modes.
 
     python tests/evals/aap_agent.py --port 8765 [--api-key KEY]
@@ -13,8 +13,8 @@ nothing), `http400` (a first turn like looper's, then refuses the POST with the 
 `malformed` (data that is not JSON), `confused` (a well-formed reply, its session id included,
 with a stopReason version 1 does not have), `truncated` (the stream ends without turn_stop), `endless` (a
 stream that never ends), `slow` (never answers), `sluggish` (the solver, taking a second over the
-first turn: after session_start in the stream modes, before the reply in "none"). `/v2/meta` claims
-protocol version 2. GET /_stats tells what the server saw (the PUT bodies, sessions open at once, sessions whose id
+first turn: after session_start in the stream modes, before the reply in "none"). `/v4/meta` claims
+protocol version 4 (a draft no SDK speaks). GET /_stats tells what the server saw (the PUT bodies, sessions open at once, sessions whose id
 it gave out, deletes, permission decisions, the messages of each POST, Authorization headers).
 """
 
@@ -295,7 +295,7 @@ async def delete_session(request: Request) -> Response:
 
 
 async def get_meta(request: Request) -> Response:
-    return JSONResponse(meta(2 if request.url.path.startswith("/v2") else 1))
+    return JSONResponse(meta(4 if request.url.path.startswith("/v4") else 1))
 
 
 async def get_stats(request: Request) -> Response:
@@ -312,7 +312,7 @@ async def reset_stats(request: Request) -> Response:
 
 
 app = Starlette(routes=[
-    Route("/meta", get_meta), Route("/v2/meta", get_meta),
+    Route("/meta", get_meta), Route("/v4/meta", get_meta),
     Route("/session", put_session, methods=["PUT"]),
     Route("/session/{sid}", post_session, methods=["POST"]),
     Route("/session/{sid}", delete_session, methods=["DELETE"]),

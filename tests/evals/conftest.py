@@ -32,11 +32,12 @@ class AgentServer:
         httpx.post(f"{self.url}/_reset", timeout=5).raise_for_status()
 
 
-def start_agent_server(tmp: Path, api_key: str = AGENT_KEY) -> AgentServer:
+def start_agent_server(tmp: Path, api_key: str = AGENT_KEY, script: str = "aap_agent.py",
+                       args: tuple[str, ...] = ()) -> AgentServer:
     port = free_port()
     log = tmp / f"aap-agent-{port}.log"
-    process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "evals" / "aap_agent.py"), "--port", str(port),
-                                "--api-key", api_key], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "evals" / script), "--port", str(port),
+                                "--api-key", api_key, *args], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
     server = AgentServer(url=f"http://127.0.0.1:{port}", process=process, log=log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -66,6 +67,25 @@ def agent_server(tmp_path_factory):
     server = start_agent_server(tmp_path_factory.mktemp("aap"))
     yield server
     stop_process(server.process)
+
+
+@pytest.fixture(scope="session")
+def sdk_agent_servers(tmp_path_factory):
+    """Agent servers shaped as the AAP TypeScript SDK's (tests/evals/aap_sdk_agent.py), by AAP version."""
+    tmp = tmp_path_factory.mktemp("aap-sdk")
+    servers = {version: start_agent_server(tmp, script="aap_sdk_agent.py", args=("--version", str(version)))
+               for version in (2, 3)}
+    yield servers
+    for server in servers.values():
+        stop_process(server.process)
+
+
+@pytest.fixture
+def sdk_agents(sdk_agent_servers, settings):
+    settings.ORS_EVAL_AGENT_ALLOWED_HOSTS = [s.url.removeprefix("http://") for s in sdk_agent_servers.values()]
+    for server in sdk_agent_servers.values():
+        server.reset()
+    return sdk_agent_servers
 
 
 @pytest.fixture(autouse=True)

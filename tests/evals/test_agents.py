@@ -38,9 +38,9 @@ def test_an_unreachable_meta_is_a_clear_400(owner, agents, settings):
 
 
 def test_a_server_of_another_protocol_version_is_refused(owner, agents):
-    status, body = _post(owner, url=f"{agents.url}/v2")
+    status, body = _post(owner, url=f"{agents.url}/v4")
     assert status == 400
-    assert body["detail"] == "The server speaks AAP version 2; only version 1 is supported."
+    assert body["detail"] == "The server speaks AAP version 4; the platform speaks versions 1, 2, 3."
 
 
 def test_an_agent_the_server_does_not_have_is_refused(owner, agents):

@@ -83,10 +83,10 @@ def test_the_agents_page_adds_pings_and_removes_agents(owner, member, agents):
     html = client.get(f"/aap/{owner.team.slug}/agents/").content.decode()
     assert 'data-agent="mine"' in html and AGENT_KEY not in html
     r = client.post(f"/aap/{owner.team.slug}/agents/{agent.id}/ping", follow=True)
-    assert "answered /meta: version 1.0.0" in r.content.decode()
-    bad = client.post(f"/aap/{owner.team.slug}/agents/", {"name": "v2", "url": f"{agents.url}/v2", "agent": "solver",
+    assert "answered /meta: version 1.0.0, AAP version 1." in r.content.decode()
+    bad = client.post(f"/aap/{owner.team.slug}/agents/", {"name": "v4", "url": f"{agents.url}/v4", "agent": "solver",
                                                           "stream": "none"})
-    assert bad.status_code == 400 and "only version 1 is supported" in bad.content.decode()
+    assert bad.status_code == 400 and "speaks AAP version 4; the platform speaks versions 1, 2, 3" in bad.content.decode()
     # Members see agents and may ping them; owners and admins add and remove them.
     assert login(member).post(f"/aap/{owner.team.slug}/agents/{agent.id}/remove").status_code == 403
     client.post(f"/aap/{owner.team.slug}/agents/{agent.id}/remove")
