@@ -19,15 +19,22 @@ from orsplatform.teams.models import Team
 
 
 def run_summaries(*, team: Team, names: Sequence[str]) -> dict[str, RunSummary]:
-    """The team's runs among `names` (two queries whatever their number); unknown names are absent."""
+    """The team's runs among `names` (two queries whatever their number), as runs.selectors'
+    run_summary reads each: a run with at least one rollout or session; a session-only run counts
+    even before its row exists. Unknown and empty names are absent."""
     runs = {r.name: r for r in Run.objects.filter(team=team, name__in=list(names))}
-    sessions = {r["run_name"]: r for r in Session.objects.filter(team=team, run_name__in=list(runs)).values("run_name")
-                .annotate(n=Count("id"), reward_sum=Sum("total_reward"),
-                          scored=Count("id", filter=Q(total_reward__isnull=False)), first=Min("created_at"),
-                          last=Max("created_at")).order_by()}
+    sessions = {r["run_name"]: r for r in Session.objects.filter(team=team, run_name__in=list(names))
+                .values("run_name").annotate(n=Count("id"), reward_sum=Sum("total_reward"),
+                                             scored=Count("id", filter=Q(total_reward__isnull=False)),
+                                             first=Min("created_at"), last=Max("created_at")).order_by()}
     out = {}
-    for name, run in runs.items():
+    for name in names:
         s = sessions.get(name, {})
+        run = runs.get(name)
+        if run is None and s.get("n"):
+            run = Run(team=team, name=name, first_seen_at=s["first"], last_seen_at=s["last"])
+        if run is None or (not run.rollouts and not s.get("n")):
+            continue
         scored = run.rewarded + (s.get("scored") or 0)
         out[name] = RunSummary(
             name=name, rollouts=run.rollouts, episodes=s.get("n") or 0, messages=run.messages,

@@ -206,10 +206,10 @@ def run_episodes(request: HttpRequest, team: str) -> HttpResponse:
         lo, hi = (_bound(request.GET.get(k, "")) for k in ("from", "to"))
     except ValidationError as exc:
         return render(request, "analytics/run_episodes.html", {**context, "errors": exc.messages}, status=400)
+    if len(run_selectors.run_summaries(team=team_obj, names=params.names)) < len(params.names):
+        raise Http404("No such run.")
     rows = []
     for name in params.names:
-        if runs.run_get(team=team_obj, name=name) is None:
-            raise Http404("No such run.")
         for p in runs.run_series(team=team_obj, name=name, environment=params.environment, version=params.version,
                                  split=params.split):
             if (lo is None or p.x >= lo) and (hi is None or p.x <= hi):
