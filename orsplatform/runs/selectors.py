@@ -70,11 +70,20 @@ def _session_scored_mean(team: Team) -> dict[str, tuple[int, float, int, datetim
 
 
 def runs_for_team(*, team: Team, limit: int = 1000) -> list[RunSummary]:
-    """The team's runs, most recently seen first."""
+    """The team's runs with at least one episode, most recently seen first. (A run whose sessions
+    all moved to their rollouts' run, as a key's default run does, has none and is left out.)"""
     sessions = _session_scored_mean(team)
     out = []
-    for run in Run.objects.filter(team=team).order_by("-last_seen_at", "name")[:limit]:
+    runs = list(Run.objects.filter(team=team).order_by("-last_seen_at", "name")[:limit])
+    known = {run.name for run in runs}
+    # A session-only run whose row is missing still shows (run rows are written once per process).
+    for name, (_, _, _, first, last) in sessions.items():
+        if name not in known:
+            runs.append(Run(team=team, name=name, first_seen_at=first, last_seen_at=last))
+    for run in runs:
         n, s_sum, s_scored, s_first, s_last = sessions.get(run.name, (0, 0.0, 0, None, None))
+        if not n and not run.rollouts:
+            continue
         scored = run.rewarded + s_scored
         first = min(t for t in (run.first_seen_at, s_first) if t is not None)
         last = max(t for t in (run.last_seen_at, s_last) if t is not None)
@@ -83,7 +92,7 @@ def runs_for_team(*, team: Team, limit: int = 1000) -> list[RunSummary]:
             mean_reward=(run.reward_sum + s_sum) / scored if scored else None,
             first_seen=first, last_seen=last, model_name=run.model_name, info=run.info))
     out.sort(key=lambda r: (r.last_seen, r.name), reverse=True)
-    return out
+    return out[:limit]
 
 
 def run_get(*, team: Team, name: str) -> Run | None:
@@ -91,12 +100,15 @@ def run_get(*, team: Team, name: str) -> Run | None:
 
 
 def run_summary(*, team: Team, name: str) -> RunSummary | None:
+    """A run with at least one episode (else None, like an unknown one)."""
     run = run_get(team=team, name=name)
-    if run is None:
-        return None
     agg = Session.objects.filter(team=team, run_name=name).aggregate(
         n=Count("id"), reward_sum=Coalesce(Sum("total_reward"), 0.0),
         scored=Count("id", filter=Q(total_reward__isnull=False)), first=Min("created_at"), last=Max("created_at"))
+    if run is None and agg["n"]:
+        run = Run(team=team, name=name, first_seen_at=agg["first"], last_seen_at=agg["last"])
+    if run is None or (not run.rollouts and not agg["n"]):
+        return None
     scored = run.rewarded + agg["scored"]
     return RunSummary(
         name=run.name, rollouts=run.rollouts, episodes=agg["n"], messages=run.messages,
