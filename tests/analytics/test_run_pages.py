@@ -167,3 +167,18 @@ def test_runs_are_reachable_from_the_site_navigation(runs_data, owner):
     assert 'id="nav-training-runs"' in html
     r = client.get("/analytics/?to=runs")
     assert r.status_code == 302 and unquote(r["Location"]) == RUNS
+
+
+def test_a_session_only_run_without_its_row_has_a_page_and_an_empty_run_has_none(runs_data, owner):
+    from orsplatform.episodes.models import Session
+    from orsplatform.runs.models import Run
+
+    Run.objects.filter(team=owner.team, name="keyed").delete()  # rows are written once per process
+    client = login(owner)
+    html = client.get(VIEW + "?run=keyed").content.decode()
+    assert len(marks(chart(html, "run-reward"))) == 2
+    assert client.get("/analytics/acme/runs/episodes/?run=keyed").content.decode().count('class="episode-row"') == 2
+    Session.objects.filter(team=owner.team, run_name="keyed").update(run_name="elsewhere")
+    Run.objects.create(team=owner.team, name="keyed", first_seen_at=runs_data.v1.created_at,
+                       last_seen_at=runs_data.v1.created_at)
+    assert client.get(VIEW + "?run=keyed").status_code == 404
