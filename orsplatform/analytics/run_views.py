@@ -95,16 +95,18 @@ def parse_run_params(query: QueryDict) -> RunParams:
 @login_required
 def runs_list(request: HttpRequest, team: str) -> HttpResponse:
     team_obj = _team(request, team)
-    all_runs = runs.runs_for_team(team=team_obj)
     raw_page = request.GET.get("page", "1")
-    pages = max(1, -(-len(all_runs) // RUNS_PER_PAGE))
-    page = min(max(1, int(raw_page)), pages) if raw_page.isdigit() and len(raw_page) < 9 else 1
-    shown = all_runs[(page - 1) * RUNS_PER_PAGE: page * RUNS_PER_PAGE]
+    page = max(1, int(raw_page)) if raw_page.isdigit() and len(raw_page) < 9 else 1
+    total, shown = run_selectors.runs_page(team=team_obj, page=page, per_page=RUNS_PER_PAGE)
+    pages = max(1, -(-total // RUNS_PER_PAGE))
+    if page > pages:  # past the end: the last page
+        page = pages
+        total, shown = run_selectors.runs_page(team=team_obj, page=page, per_page=RUNS_PER_PAGE)
     base = reverse("analytics:run", args=[team_obj.slug])
     return render(request, "analytics/runs.html", {
         "team": team_obj, "tab": "runs", "runs": [{"r": r, "url": base + "?" + urlencode({"run": r.name})}
                                                   for r in shown],
-        "total": len(all_runs), "page": page, "pages": pages,
+        "total": total, "page": page, "pages": pages,
         "prev_url": f"?page={page - 1}" if page > 1 else None, "next_url": f"?page={page + 1}" if page < pages else None,
         "compare_action": base,
     })
@@ -165,13 +167,13 @@ def run_page(request: HttpRequest, team: str) -> HttpResponse:
         title, y_label, percent = CHARTS[metric]
         lines = []
         for curve in curves:
-            narrowed = _facet_filters(curve, params)
+            curve_query = episodes_url + "?" + params.query(**_facet_filters(curve, params))
             points = []
             for p in curve.series(metric, params.smooth):
                 if p["single"] is not None:
                     href = _trajectory_url(team_obj, p["single"])
                 else:
-                    href = episodes_url + "?" + params.query(**narrowed, **{"from": p["lo"], "to": p["hi"]})
+                    href = f"{curve_query}&from={p['lo']}&to={p['hi']}"
                 span = f"{p['lo']}" if p["lo"] == p["hi"] else f"{p['lo']}–{p['hi']}"
                 value = "–" if p["y"] is None else charts.fmt(p["y"]) + ("%" if percent else "")
                 p.update(href=href, label=f"{curve.label} · step {span}: {value} ({p['episodes']} "
