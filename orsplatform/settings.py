@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "orsplatform.hub",
     "orsplatform.evals",  # AAP agents, evaluation runs and leaderboards
     "orsplatform.runs",  # training runs and the rollouts the openreward client logs
+    "orsplatform.flags",  # reward-hacking and anomaly flags over a team's episodes
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -196,7 +197,18 @@ CELERY_BEAT_SCHEDULE: dict = {
     "cleanup-staged": {"task": "catalog.cleanup_staged", "schedule": env_float("ORS_CLEANUP_EVERY_SECONDS", 300.0)},
     # Evaluation runs whose worker died are resumed on another (or failed, when they need secrets).
     "resume-orphaned-eval-runs": {"task": "evals.resume_orphaned_runs", "schedule": 30.0},
+    # Reward-hacking and anomaly flags over the recent episodes (bounded: ORS_FLAGS_MAX_SESSIONS a pass).
+    "compute-flags": {"task": "flags.compute", "schedule": env_float("ORS_FLAGS_EVERY_SECONDS", 300.0)},
 }
+
+# --- Flags (orsplatform/flags/services.py says what each one means) ---------------------------------
+ORS_FLAGS_WINDOW_DAYS = env_float("ORS_FLAGS_WINDOW_DAYS", 7.0)
+ORS_FLAGS_MAX_SESSIONS = int(env_float("ORS_FLAGS_MAX_SESSIONS", 200_000))
+ORS_FLAGS_MIN_EPISODES = int(env_float("ORS_FLAGS_MIN_EPISODES", 5))
+ORS_FLAGS_FAST_PASS_RATIO = env_float("ORS_FLAGS_FAST_PASS_RATIO", 0.34)
+ORS_FLAGS_JUMP = env_float("ORS_FLAGS_JUMP", 0.5)
+ORS_FLAGS_MIN_CALLS = int(env_float("ORS_FLAGS_MIN_CALLS", 20))
+ORS_FLAGS_ERROR_RATE = env_float("ORS_FLAGS_ERROR_RATE", 0.2)
 
 # --- ORS platform settings ------------------------------------------------------------------------
 ORS_EXECUTOR = os.environ.get("ORS_EXECUTOR", "inline")

@@ -25,6 +25,7 @@ from orsplatform.analytics.filters import (
 )
 from orsplatform.analytics.services import rollup_nudge
 from orsplatform.episodes.models import Session
+from orsplatform.flags.selectors import flags_for_team
 from orsplatform.teams.models import Team
 from orsplatform.teams.selectors import team_for_user, teams_for_user
 
@@ -151,6 +152,7 @@ def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -
     context.update({
         "data": data,
         "live": selectors.open_sessions_exist(team=team_obj, environment=env),
+        "flags": flags_for_team(team=team_obj, environment=env, limit=50),
         "version": version,
         "totals": data["totals"],
         "success_rate_pct": _pct(data["totals"]["success_rate"]),

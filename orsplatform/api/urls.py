@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from orsplatform.api import analytics, evals, publishing, runs, views
+from orsplatform.api import analytics, evals, flags, publishing, runs, views
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -41,6 +41,7 @@ urlpatterns = [
     path("v1/eval-runs/<int:run_id>/resume", evals.RunResumeView.as_view(), name="api-eval-run-resume"),
     path("v1/leaderboards/<str:team>/<str:slug>", evals.LeaderboardView.as_view(), name="api-eval-leaderboard"),
     # Training runs (docs/runs.md). A run's name may hold "/": its route is last of the runs/ ones.
+    path("v1/flags", flags.FlagListView.as_view(), name="api-flags"),
     path("v1/runs", runs.RunListView.as_view(), name="api-runs"),
     path("v1/runs/<path:name>", runs.RunDetailView.as_view(), name="api-run"),
     path("v1/rollouts/<str:ref>", runs.TrajectoryView.as_view(), name="api-rollout"),

@@ -80,6 +80,16 @@ def environments_visible(*, caller: Caller) -> list[Environment]:
     )
 
 
+def environment_names_visible(*, caller: Caller, limit: int = 10_000) -> list[str]:
+    """`team/slug` of the environments the caller may use (a bound key: its own only), for the
+    "did you mean" of an unknown name; never a name the caller could not list itself."""
+    envs = Environment.objects.filter(_visible(caller), current_version__isnull=False)
+    if caller.environment_id is not None:
+        envs = envs.filter(id=caller.environment_id)
+    return [f"{team}/{slug}" for team, slug in envs.order_by("team__slug", "slug")
+            .values_list("team__slug", "slug")[:limit]]
+
+
 def _handle(environment: Environment, version: EnvironmentVersion) -> EnvHandle:
     infos = {s.name: SplitInfo(s.id, s.name, s.type, s.num_tasks, s.revision)
              for s in Split.objects.filter(environment=environment).order_by("id")}

@@ -136,6 +136,13 @@ def manifest_validate(manifest: dict) -> dict:
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not 0 < timeout <= MAX_TOOL_TIMEOUT_SECONDS):
         raise fail(f"tool_timeout_seconds must be a number of seconds in (0, {MAX_TOOL_TIMEOUT_SECONDS}].")
+    reward_range = manifest.get("reward_range")
+    if reward_range is not None and not (
+            isinstance(reward_range, list) and len(reward_range) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in reward_range)
+            and reward_range[0] <= reward_range[1]):
+        # Declared so the anomaly flags can tell a reward no task should give (orsplatform/flags).
+        raise fail("reward_range must be [lowest, highest], two numbers with lowest <= highest.")
     for key in MANIFEST_LIST_FIELDS:
         value = manifest.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):

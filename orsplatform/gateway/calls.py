@@ -7,6 +7,8 @@ gets its result. The result is recorded in the audit log before any client can s
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -18,6 +20,7 @@ from django.utils import timezone
 
 from orsplatform.episodes.models import ToolCall
 from orsplatform.gateway.errors import storable
+from orsplatform.gateway.hints import unknown_tool
 from orsplatform.gateway.live import CallEntry, LiveSession
 from orsplatform.gateway.store import Store
 from orsplatform.runners.executor import CallOutcome, Executor, UnknownSession
@@ -26,6 +29,7 @@ from orsplatform.runners.redact import redact
 log = logging.getLogger("orsplatform.gateway")
 
 Spawn = Callable[[Coroutine], Any]
+TASK_TOOLS_WAIT = 5.0  # seconds an unknown tool's answer waits for the task's own tool list
 
 
 class CallRunner:
@@ -98,11 +102,26 @@ class CallRunner:
             return CallOutcome(exception="Session was deleted during the call."), None
         if outcome.result is None:
             return outcome, None
+        if not outcome.result["ok"] and outcome.result.get("reason") == "not_found":
+            outcome = await self._name_the_tools(live, name, outcome)
         try:
             return outcome, orjson.dumps(outcome.result)
         except (TypeError, orjson.JSONEncodeError) as exc:
             # e.g. a lone surrogate in a text block: the result cannot go on the wire or in the log.
             return CallOutcome(exception=f"The tool's result is not valid JSON: {exc}"), None
+
+    async def _name_the_tools(self, live: LiveSession, name: str, outcome: CallOutcome) -> CallOutcome:
+        """An unknown tool's error, listing the tools the episode has (the shared ones stored at
+        publishing, and the task's own, asked for only now: this is the error path)."""
+        tools = [t["name"] for t in live.env.tools]
+        try:
+            # Bounded: a slow list_task_tools must not hold the agent's answer for long.
+            tools += [t["name"] for t in await asyncio.wait_for(self.executor.task_tools(live.sid), TASK_TOOLS_WAIT)]
+        except Exception as exc:  # the shared tools alone still name the fix
+            log.info("could not list the task tools of session %s: %s", live.sid, type(exc).__name__)
+        error = redact(unknown_tool(name, tools), live.secrets)
+        return dataclasses.replace(outcome, result={**outcome.result, "error": error},
+                                   audit=None if outcome.audit is None else {**outcome.audit, "error": error})
 
     async def entry_from_audit(self, live: LiveSession, task_id: str) -> CallEntry | None:
         """A call this gateway no longer (or never) held in memory: from the audit log, or still

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.models import Session
+from orsplatform.gateway import hints
 from orsplatform.gateway.calls import CallRunner
 from orsplatform.gateway.errors import GatewayError, StoreUnavailable, storable
 from orsplatform.gateway.limits import Limits
@@ -87,6 +88,14 @@ class EpisodeGateway:
         names none the caller may use (another team's private one included)."""
         return await self.store.environment(caller, ref) if ENV_REF_RE.match(ref) else None
 
+    async def unknown_environment(self, caller: Caller, ref: str, *, deployment: bool = False) -> GatewayError:
+        """404 for a name that resolves to nothing the caller may use, suggesting the closest name
+        it may use (difflib) so a typo names its fix. The suggestion comes only from names the
+        caller may list itself, so another team's private environment still answers like a
+        missing one."""
+        names = await self.store.environment_names(caller)
+        return hints.unknown_environment(ref, hints.closest_name(ref, names), deployment=deployment)
+
     async def default_environment(self, caller: Caller) -> EnvHandle | None:
         """For a caller that names none: its key's bound environment, else ORS_DEFAULT_ENVIRONMENT."""
         if caller.environment_id is not None:
@@ -98,14 +107,12 @@ class EpisodeGateway:
         return None
 
     async def task_spec(self, env: EnvHandle, split_name: str, index: int) -> Any:
-        split = env.splits.get(split_name)
-        if split is None:
-            raise GatewayError(400, "Invalid split")
+        split = hints.split_named(env, split_name)
         if not 0 <= index < split.num_tasks:
-            raise GatewayError(400, "Invalid index")
+            raise hints.index_out_of_range(split, index)
         spec = await self.store.task_spec(split, index)
         if spec is None:
-            raise GatewayError(400, "Invalid index")
+            raise hints.index_out_of_range(split, index)
         return spec
 
     # --- opening an episode -------------------------------------------------------------------
@@ -216,7 +223,7 @@ class EpisodeGateway:
         env = await self.environment(caller, named) if named else None
         if env is None:
             if named:
-                raise GatewayError(404, f"Environment {named!r} not found.")
+                raise await self.unknown_environment(caller, named)
             env = await self.default_environment(caller)
             if env is None:
                 raise GatewayError(404, "No environment named and no default environment is available.")

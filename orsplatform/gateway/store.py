@@ -260,6 +260,15 @@ class Store:
                 self._envs.put(key, handle)
         return handle
 
+    async def environment_names(self, caller: Caller) -> list[str]:
+        """The names an unknown name is compared with (cached: a stream of misses stays off the DB)."""
+        key = ("names", caller.team_id, caller.environment_id)
+        names = self._envs.get(key)
+        if names is None:
+            names = await self._run(catalog.environment_names_visible, caller=caller)
+            self._envs.put(key, names)
+        return names
+
     async def environments_visible(self, caller: Caller) -> list[str]:
         envs = await self._run(catalog.environments_visible, caller=caller)
         return [e.full_name for e in envs]

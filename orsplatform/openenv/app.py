@@ -23,6 +23,7 @@ from django.urls import re_path
 from pydantic import ValidationError
 
 from orsplatform.catalog.selectors import EnvHandle
+from orsplatform.gateway import hints
 from orsplatform.gateway.errors import UNAVAILABLE, GatewayError
 from orsplatform.gateway.gateway import EpisodeGateway
 from orsplatform.openenv import selectors
@@ -172,7 +173,7 @@ class OpenEnvFace:
         env = await self.gateway.environment(caller, ref)
         if env is None:
             # Another team's private environment answers exactly like one that does not exist.
-            raise HttpError(404, f"Environment {ref!r} not found.")
+            raise await self.gateway.unknown_environment(caller, ref)
         try:
             admit_environment(caller, env.environment_id, env.full_name)  # a bound key: its own only
         except AccessDenied as exc:
@@ -222,10 +223,7 @@ class OpenEnvFace:
         return [{"name": name, "type": env.splits[name].type} for name in env.split_order]
 
     def _split(self, env: EnvHandle, name: str):
-        split = env.splits.get(name)
-        if split is None:
-            raise HttpError(400, "Invalid split")
-        return split
+        return hints.split_named(env, name)
 
     async def tasks(self, caller: Caller, env: EnvHandle, body: Any, token: str | None) -> Any:
         split = self._split(env, _validated(SplitRequest, body, ("body",)).split)
@@ -240,7 +238,7 @@ class OpenEnvFace:
         request = _validated(TaskRequest, body, ("body",))
         split = self._split(env, request.split)
         if not 0 <= request.index < split.num_tasks:
-            raise HttpError(400, "Invalid task index")
+            raise hints.index_out_of_range(split, request.index)
         return {"task": await self.gateway.store.task_spec(split, request.index)}
 
     async def task_range(self, caller: Caller, env: EnvHandle, body: Any, token: str | None) -> Any:
@@ -357,7 +355,8 @@ class OpenEnvFace:
         ref = scope["url_route"]["kwargs"]["env"]
         env = await self.gateway.environment(caller, ref)
         if env is None:
-            raise OpenEnvError(SESSION_ERROR, f"Environment {ref!r} not found.", status=404, close=CLOSE_NOT_FOUND)
+            unknown = await self.gateway.unknown_environment(caller, ref)
+            raise OpenEnvError(SESSION_ERROR, unknown.detail, status=404, close=CLOSE_NOT_FOUND)
         try:
             admit_environment(caller, env.environment_id, env.full_name)
         except AccessDenied as exc:

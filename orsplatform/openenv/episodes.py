@@ -26,6 +26,7 @@ from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.episodes.models import Session
 from orsplatform.gateway.errors import UNAVAILABLE, GatewayError, Unstorable
 from orsplatform.gateway.gateway import EpisodeGateway
+from orsplatform.gateway.hints import listed
 from orsplatform.gateway.live import LiveSession
 from orsplatform.openenv.wire import (
     CAPACITY_REACHED,
@@ -190,7 +191,8 @@ class Episodes:
                     raise OpenEnvError(VALIDATION_ERROR, "The environment has no splits; give a task_spec.")
                 split, index = env.split_order[0], 0
             elif split is None or index is None:
-                raise OpenEnvError(VALIDATION_ERROR, "split and index must be provided together")
+                raise OpenEnvError(VALIDATION_ERROR, "split and index (or task_index) must be provided together; "
+                                                     f"the splits are: {listed(env.split_order)}.")
             task_spec = await self._guard(gw.task_spec(env, split, index))
         else:
             split = index = None
@@ -250,7 +252,10 @@ class Episodes:
             raise OpenEnvError(EXECUTION_ERROR, exception)
         if result is None or not result.get("ok"):
             message = str((result or {}).get("error") or "ORS tool call failed")
-            return {"done": False, "reward": None, "metadata": {}, "tool_name": action.tool_name, "result": None,
+            # After the episode finished every call is refused: done stays true, or a trainer's
+            # `while not done` loop would spin on the refusals.
+            done = (result or {}).get("reason") == "episode_finished"
+            return {"done": done, "reward": None, "metadata": {}, "tool_name": action.tool_name, "result": None,
                     "error": {"error_type": "execution_error", "message": message}}
         output = result["output"]
         metadata = output.get("metadata") or {}

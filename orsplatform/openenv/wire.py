@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orsplatform.catalog.selectors import EnvHandle
 
@@ -118,6 +118,18 @@ class ResetData(BaseModel):
     secrets: dict[str, str | SecretValue] | None = None
     # The training run the episode belongs to (docs/runs.md); else the socket's X-Run, else the key's name.
     run: str | None = Field(default=None, max_length=200)
+    # An alias of index: TRL forwards each dataset row to reset(**row), and OpenRewardSpec's datasets
+    # (and most others) name the column task_index; ignored, every rollout would play task 0.
+    task_index: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _task_index_is_index(self) -> ResetData:
+        if self.task_index is not None:
+            if self.index is not None and self.index != self.task_index:
+                raise ValueError(f"index ({self.index}) and task_index ({self.task_index}) name different tasks; "
+                                 "give one of them")
+            self.index = self.task_index
+        return self
 
     def secret_values(self) -> dict[str, str]:
         return {k: v if isinstance(v, str) else v.value for k, v in (self.secrets or {}).items()}

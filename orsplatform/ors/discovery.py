@@ -10,6 +10,7 @@ from django.conf import settings
 
 from orsplatform import __version__
 from orsplatform.catalog.selectors import EnvHandle, SplitInfo
+from orsplatform.gateway import hints
 from orsplatform.gateway.gateway import EpisodeGateway
 from orsplatform.ors.http import HttpError, Request
 from orsplatform.ors.resolve import environment_for
@@ -63,11 +64,7 @@ async def splits(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str 
 
 
 def _split(env: EnvHandle, body: dict) -> SplitInfo:
-    name = require_str(body, "split")
-    info = env.splits.get(name)
-    if info is None:
-        raise HttpError(400, "Invalid split")
-    return info
+    return hints.split_named(env, require_str(body, "split"))
 
 
 def _env_name(req: Request, env: EnvHandle, env_ref: str | None) -> str:
@@ -95,10 +92,10 @@ async def task(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | 
     split = _split(env, body)
     index = require_int(body, "index")
     if not 0 <= index < split.num_tasks:
-        raise HttpError(400, "Invalid index")
+        raise hints.index_out_of_range(split, index)
     spec = await gw.store.task_spec(split, index)
     if spec is None:
-        raise HttpError(400, "Invalid index")
+        raise hints.index_out_of_range(split, index)
     return {"task": spec, "env_name": _env_name(req, env, env_ref)}
 
 

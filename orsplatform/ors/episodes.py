@@ -48,7 +48,7 @@ async def create(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str 
     if has_spec and not isinstance(task_spec, dict):
         raise HttpError(400, "'task_spec' must be a JSON object")
     if has_index and index < 0:
-        raise HttpError(400, "Invalid index")
+        raise HttpError(400, f"Invalid index {index}: task indices start at 0.")
     secrets = secrets_from_header(req)
     secrets.update(secrets_from_body(body))
     try:

@@ -63,7 +63,7 @@ async def named_environment(gw: EpisodeGateway, req: Request, caller: Caller, en
     if deployment:
         env = await gw.environment(caller, deployment)
         if env is None:
-            raise HttpError(404, "Deployment not found.")
+            raise await gw.unknown_environment(caller, deployment, deployment=True)
         return admitted(caller, env)
     host_ref = host_env(req)
     if not env_ref and not body_env and host_ref and ENV_REF_RE.match(host_ref):
@@ -75,7 +75,7 @@ async def named_environment(gw: EpisodeGateway, req: Request, caller: Caller, en
         if ref:
             env = await gw.environment(caller, ref)
             if env is None:
-                raise HttpError(404, f"Environment {ref!r} not found.")
+                raise await gw.unknown_environment(caller, ref)
             return admitted(caller, env)
     return None
 

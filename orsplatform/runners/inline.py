@@ -49,6 +49,12 @@ class _Live:
     secrets: tuple[str, ...] = ()
 
 
+# Every call after a tool returned finished=true gets this same answer (OpenEnv reports it with
+# done: true), so a trainer's `while not done` loop ends and the log says what to do instead.
+EPISODE_FINISHED = ("The episode has already finished (a tool returned finished=true); no further calls are "
+                    "accepted. End this session and start a new one for the next episode.")
+
+
 def tool_error(message: str, reason: str) -> dict:
     return {"ok": False, "error": message, "reason": reason}
 
@@ -184,7 +190,7 @@ class InlineExecutor(Executor):
         live.first = None
         async with live.lock:
             if live.finished:
-                return CallOutcome(result=tool_error("The episode has already finished.", "episode_finished"))
+                return CallOutcome(result=tool_error(EPISODE_FINISHED, "episode_finished"))
             try:
                 value = await worker.request("call", timeout=timeout, sid=sid, name=name, input=input)
             except CallTimedOut:

@@ -103,7 +103,7 @@ def test_a_tool_level_failure_is_an_observation_error_and_tool_code_raising_is_a
         bad = env.step(call("submit", wrong_field=1))
         assert bad.done is False and bad.reward is None
         assert bad.observation["error"]["error_type"] == "execution_error"
-        assert "validation" in bad.observation["error"]["message"].lower()
+        assert bad.observation["error"]["message"].startswith("Invalid arguments for tool 'submit': ")
         unknown = env.step(call("nope"))
         assert "not a valid tool" in unknown.observation["error"]["message"]
         # The socket still serves the episode.

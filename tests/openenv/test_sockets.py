@@ -130,7 +130,8 @@ def test_another_teams_private_environment_answers_as_if_it_did_not_exist(server
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=10)
         answers[env] = (frame["data"]["code"], frame["data"]["message"].replace(env, "X"), closed.value.rcvd.code)
-    assert answers[PROBE] == answers["acme/nothing"] == ("SESSION_ERROR", "Environment 'X' not found.", 4404)
+    assert answers[PROBE] == answers["acme/nothing"] == (
+        "SESSION_ERROR", "Environment 'X' not found. No environment this key may use has a similar name.", 4404)
 
     with httpx.Client(base_url=server.url, headers=outsider.headers) as http:
         for path in ("health", "metadata", "schema", "splits"):

@@ -215,7 +215,8 @@ async def test_an_unknown_deployment_answers_404_deployment_not_found(client, ou
                              ("POST", "task", {"split": "test", "index": 0})]:
         r = await client.request(method, f"/{op}", headers=h, json=body)
         assert r.status_code == 404
-        assert r.json() == {"detail": "Deployment not found."}
+        detail = r.json()["detail"]
+        assert detail.startswith(f"Deployment not found: {deployment!r}. ") and "acme/probe'?" not in detail
 
 
 async def test_another_teams_private_deployment_answers_like_an_unknown_one(client, owner, outsider, probe):
@@ -223,7 +224,10 @@ async def test_another_teams_private_deployment_answers_like_an_unknown_one(clie
     assert r.status_code == 200
     r = await client.get("/splits", headers={**outsider.headers, "X-Deployment": probe})
     assert r.status_code == 404
-    assert r.json() == {"detail": "Deployment not found."}
+    # Word for word what a name that exists nowhere gets: the suggestion is never the hidden one.
+    unknown = await client.get("/splits", headers={**outsider.headers, "X-Deployment": "acme/qrobe"})
+    assert r.json() == {"detail": f"Deployment not found: {probe!r}. No environment this key may use has a similar name."}
+    assert unknown.json() == {"detail": "Deployment not found: 'acme/qrobe'. No environment this key may use has a similar name."}
 
 
 async def test_discovery_calls_carrying_a_session_id_still_work(client, owner):

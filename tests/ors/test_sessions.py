@@ -204,7 +204,7 @@ async def test_create_with_an_unknown_environment_answers_404(client, owner):
     assert_detail(r, 404)
     r = await client.post("/create", headers={**sid_headers(owner, sid), "X-Deployment": "builtin/nosuch"},
                           json={"split": "test", "index": 0})
-    assert r.status_code == 404 and r.json() == {"detail": "Deployment not found."}
+    assert r.status_code == 404 and r.json()["detail"].startswith("Deployment not found: 'builtin/nosuch'.")
     assert await arow(sid) is None
 
 
@@ -658,7 +658,7 @@ async def test_a_deferred_session_with_a_split_its_environment_lacks_answers_400
     headers = {**owner.headers, "X-Session-ID": sid}
     assert (await client.post("/create", headers=headers, json={"split": "nosuch", "index": 0})).status_code == 200
     r = await client.get("/math/prompt", headers=headers)
-    assert r.status_code == 400 and r.json() == {"detail": "Invalid split"}
+    assert r.status_code == 400 and r.json() == {"detail": "Invalid split 'nosuch'; the splits of builtin/math are: train, test."}
     assert await arow(sid) is None
     assert (await client.post("/delete", headers=headers)).status_code == 200
     assert (await client.get("/math/prompt", headers=headers)).status_code == 404

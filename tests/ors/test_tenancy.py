@@ -170,7 +170,8 @@ async def test_anonymous_callers_read_the_public_catalog_but_not_private_environ
     r = await client.get(f"/{PROBE}/splits")
     assert r.status_code == 404 and is_detail(r)
     r = await client.get("/splits", headers={"X-Deployment": PROBE})
-    assert r.status_code == 404 and r.json() == {"detail": "Deployment not found."}
+    assert r.status_code == 404 and r.json() == {
+        "detail": f"Deployment not found: {PROBE!r}. No environment this key may use has a similar name."}
 
 
 async def test_anonymous_catalog_access_can_be_switched_off(client, settings):

@@ -82,6 +82,21 @@ def tool_error(message: str, reason: str) -> dict:
     return {"ok": False, "error": message, "reason": reason}
 
 
+def readable_validation(tool: str, errors: list[dict]) -> str:
+    """pydantic's errors as one line a trainer can read in a log: ``Invalid arguments for tool
+    'submit': answer: Field required; n: Input should be a valid integer (got 'many').``"""
+    parts = []
+    for error in errors[:10]:
+        where = ".".join(str(p) for p in error.get("loc", ())) or "arguments"
+        part = f"{where}: {error.get('msg', 'invalid')}"
+        if error.get("type") != "missing" and "input" in error:
+            shown = repr(error["input"])
+            part += f" (got {shown[:60] + '...' if len(shown) > 60 else shown})"
+        parts.append(part)
+    more = f"; and {len(errors) - 10} more" if len(errors) > 10 else ""
+    return f"Invalid arguments for tool {tool!r}: {'; '.join(parts)}{more}."
+
+
 class _Live:
     __slots__ = ("instance", "secrets", "dispatch")
 
@@ -361,7 +376,7 @@ class Host:
             try:
                 args = (model(**tool_input),)
             except ValidationError as exc:
-                return {"result": tool_error(f"Tool input validation error: {exc.errors()}", "input_validation")}
+                return {"result": tool_error(readable_validation(name, exc.errors()), "input_validation")}
         res = await self.run(fn, *args)
         if not isinstance(res, ToolOutput):
             raise TypeError(f"{name!r} returned {type(res).__name__}; expected ToolOutput")
@@ -377,7 +392,25 @@ class Host:
         result = out.model_dump(mode="json")
         if not result["ok"] and result.get("reason") is None:
             result["reason"] = "not_found" if "is not a valid tool" in result["error"] else "name_collision"
+        if not result["ok"] and result.get("reason") == "input_validation":
+            result["error"] = self._openreward_validation(instance, name, tool_input) or result["error"]
         return {"result": result}
+
+    @staticmethod
+    def _openreward_validation(instance: Any, name: str, tool_input: dict) -> str | None:
+        """The SDK's refusal of a tool's input as one readable line: the input checked again against
+        the tool's model (only on this error path), since the SDK answers pydantic's list as text."""
+        from openreward.environments.environment import _introspect_tool
+        from pydantic import ValidationError
+
+        try:
+            _, hints, params = _introspect_tool(getattr(instance, name))
+            hints[params[0].name](**tool_input)
+        except ValidationError as exc:
+            return readable_validation(name, exc.errors())
+        except Exception:
+            return None  # a toolset's tool, say: the SDK's own wording stays
+        return None
 
     async def op_stop(self, msg: dict) -> None:
         live = self.live.pop(msg["sid"], None)

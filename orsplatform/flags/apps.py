@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class FlagsConfig(AppConfig):
+    name = "orsplatform.flags"
+    label = "flags"
