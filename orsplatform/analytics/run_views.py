@@ -19,6 +19,7 @@ from django.urls import reverse
 from orsplatform.analytics import charts, run_selectors
 from orsplatform.analytics.run_curves import METRICS, PER_CHOICES, SMOOTHING_CHOICES, build_curves, x_label
 from orsplatform.analytics.selectors import call_row
+from orsplatform.flags.selectors import flags_for_team
 from orsplatform.runs import selectors as runs
 from orsplatform.runs.naming import RUN_NAME_MAX
 from orsplatform.teams.models import Team
@@ -185,6 +186,8 @@ def run_page(request: HttpRequest, team: str) -> HttpResponse:
                                         note="No episodes match these filters.")
     selected = params.query()
     context.update({
+        # Reward-hacking and anomaly flags of the runs shown (orsplatform/flags, refreshed by beat).
+        "flags": [f for name in params.names for f in flags_for_team(team=team_obj, run=name, limit=50)],
         "params": params, "summaries": summaries, "charts": drawn,
         "legend": [{"label": c.label, "color": charts.color_of(i), "episodes": c.episodes}
                    for i, c in enumerate(curves)],

@@ -182,3 +182,20 @@ def test_a_session_only_run_without_its_row_has_a_page_and_an_empty_run_has_none
     Run.objects.create(team=owner.team, name="keyed", first_seen_at=runs_data.v1.created_at,
                        last_seen_at=runs_data.v1.created_at)
     assert client.get(VIEW + "?run=keyed").status_code == 404
+
+
+def test_a_runs_flags_are_shown_on_its_page_with_links_to_their_episodes(runs_data, owner, outsider):
+    from django.utils import timezone
+
+    from orsplatform.flags.models import Flag
+
+    now = timezone.now()
+    Flag.objects.create(team=owner.team, kind=Flag.Kind.FAST_PASS, key="keyed-fast", environment=runs_data.puzzle,
+                        run_name="keyed", summary="acme-keyed-0 passed in 1 call; the task's typical pass takes 9",
+                        sessions=["acme-keyed-0"], first_seen_at=now, last_seen_at=now)
+    html = login(owner).get(VIEW + "?run=keyed").content.decode()
+    flags = html.split('<section class="flags">', 1)[1].split("</section>", 1)[0]
+    assert "passed in 1 call" in flags and 'href="/analytics/acme/sessions/acme-keyed-0/"' in flags
+    other = login(owner).get(VIEW + "?run=grpo-a").content.decode()
+    assert "passed in 1 call" not in other and "No flags" in other
+    assert "passed in 1 call" not in login(outsider).get("/analytics/globex/runs/view/?run=grpo-a").content.decode()
