@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=5.0)
-    parser.add_argument("--uploaders", type=int, default=8, help="concurrent batch uploads")
+    parser.add_argument("--uploaders", type=int, default=16, help="concurrent batch uploads (the client: up to 32)")
     parser.add_argument("--messages-per-rollout", type=int, default=256)
     parser.add_argument("--content-bytes", type=int, default=400, help="characters of each message")
     parser.add_argument("--window", type=float, default=10.0, help="seconds per reported window")

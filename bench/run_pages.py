@@ -141,7 +141,7 @@ def seed(args) -> dict:
                     rollout_id += 1
                     step = (seq - 1) // group
                     at = started + timedelta(milliseconds=seq * 300)
-                    n = max(2, int(rng.gauss(args.per_rollout, 2)))
+                    n = max(2, args.per_rollout + rng.choice((-2, -1, 0, 1, 2)))  # mean per_rollout exactly
                     reward = round(min(1.0, max(0.0, rng.gauss(0.2 + step / max(1, size / group), 0.2))), 4)
                     split = "train" if seq % 5 else "test"
                     copy_rollouts.write_row((

@@ -257,7 +257,7 @@ ORS_MAX_REQUEST_BYTES = env_int("ORS_MAX_REQUEST_BYTES", 1024 * 1024)
 ORS_ROLLOUT_MAX_BODY_BYTES = env_int("ORS_ROLLOUT_MAX_BODY_BYTES", 2 * 1024 * 1024)
 ORS_ROLLOUT_MAX_JSON_BYTES = env_int("ORS_ROLLOUT_MAX_JSON_BYTES", 16 * 1024 * 1024)
 # Threads (each with its own database connection) writing Rollout API batches at once.
-ORS_ROLLOUT_WRITER_THREADS = env_int("ORS_ROLLOUT_WRITER_THREADS", 4)
+ORS_ROLLOUT_WRITER_THREADS = env_int("ORS_ROLLOUT_WRITER_THREADS", 8)
 # On PostgreSQL the hot path's writes run on the event loop (psycopg async), not on a DB thread.
 ORS_PG_ASYNC_WRITES = env_bool("ORS_PG_ASYNC_WRITES", True)
 ORS_MAX_HEADER_BYTES = env_int("ORS_MAX_HEADER_BYTES", 16 * 1024)

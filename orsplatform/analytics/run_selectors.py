@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce, Greatest
 
 from orsplatform.episodes.models import Session
 from orsplatform.runs.models import Run
@@ -19,15 +20,22 @@ from orsplatform.teams.models import Team
 
 
 def run_summaries(*, team: Team, names: Sequence[str]) -> dict[str, RunSummary]:
-    """The team's runs among `names` (two queries whatever their number); unknown names are absent."""
+    """The team's runs among `names` (two queries whatever their number), as runs.selectors'
+    run_summary reads each: a run with at least one rollout or session; a session-only run counts
+    even before its row exists. Unknown and empty names are absent."""
     runs = {r.name: r for r in Run.objects.filter(team=team, name__in=list(names))}
-    sessions = {r["run_name"]: r for r in Session.objects.filter(team=team, run_name__in=list(runs)).values("run_name")
-                .annotate(n=Count("id"), reward_sum=Sum("total_reward"),
-                          scored=Count("id", filter=Q(total_reward__isnull=False)), first=Min("created_at"),
-                          last=Max("created_at")).order_by()}
+    sessions = {r["run_name"]: r for r in Session.objects.filter(team=team, run_name__in=list(names))
+                .values("run_name").annotate(n=Count("id"), reward_sum=Sum("total_reward"),
+                                             scored=Count("id", filter=Q(total_reward__isnull=False)),
+                                             first=Min("created_at"), last=Max("created_at")).order_by()}
     out = {}
-    for name, run in runs.items():
+    for name in names:
         s = sessions.get(name, {})
+        run = runs.get(name)
+        if run is None and s.get("n"):
+            run = Run(team=team, name=name, first_seen_at=s["first"], last_seen_at=s["last"])
+        if run is None or (not run.rollouts and not s.get("n")):
+            continue
         scored = run.rewarded + (s.get("scored") or 0)
         out[name] = RunSummary(
             name=name, rollouts=run.rollouts, episodes=s.get("n") or 0, messages=run.messages,
@@ -36,6 +44,23 @@ def run_summaries(*, team: Team, names: Sequence[str]) -> dict[str, RunSummary]:
             last_seen=max(t for t in (run.last_seen_at, s.get("last")) if t is not None),
             model_name=run.model_name, info=run.info)
     return out
+
+
+def runs_page(*, team: Team, page: int, per_page: int) -> tuple[int, list[RunSummary]]:
+    """(how many runs, one page of them), most recently seen first, in the database: a team with
+    thousands of runs costs a page of rows, not all of them. A run is listed when it has a rollout
+    or a session; its last activity is the later of its row's and its newest session's (an index
+    probe of (team, run_name, created_at) per run). Runs whose row was never written (the gateway
+    writes it with the run's first session) are left to runs.selectors.runs_for_team."""
+    sessions = Session.objects.filter(team=team, run_name=OuterRef("name"))
+    newest = Subquery(sessions.order_by("-created_at").values("created_at")[:1])
+    listed = (Run.objects.filter(team=team).filter(Q(rollouts__gt=0) | Exists(sessions))
+              .annotate(active=Greatest(F("last_seen_at"), Coalesce(newest, F("last_seen_at")))))
+    total = listed.count()
+    rows = list(listed.order_by("-active", "name").values_list("name", flat=True)
+                [(page - 1) * per_page: page * per_page])
+    found = run_summaries(team=team, names=rows)
+    return total, [found[name] for name in rows if name in found]
 
 
 def facets_of(points: Iterable[RunPoint]) -> dict[str, list[Any]]:

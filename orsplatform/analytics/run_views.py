@@ -19,6 +19,7 @@ from django.urls import reverse
 from orsplatform.analytics import charts, run_selectors
 from orsplatform.analytics.run_curves import METRICS, PER_CHOICES, SMOOTHING_CHOICES, build_curves, x_label
 from orsplatform.analytics.selectors import call_row
+from orsplatform.flags.selectors import flags_for_team
 from orsplatform.runs import selectors as runs
 from orsplatform.runs.naming import RUN_NAME_MAX
 from orsplatform.teams.models import Team
@@ -95,16 +96,18 @@ def parse_run_params(query: QueryDict) -> RunParams:
 @login_required
 def runs_list(request: HttpRequest, team: str) -> HttpResponse:
     team_obj = _team(request, team)
-    all_runs = runs.runs_for_team(team=team_obj)
     raw_page = request.GET.get("page", "1")
-    pages = max(1, -(-len(all_runs) // RUNS_PER_PAGE))
-    page = min(max(1, int(raw_page)), pages) if raw_page.isdigit() and len(raw_page) < 9 else 1
-    shown = all_runs[(page - 1) * RUNS_PER_PAGE: page * RUNS_PER_PAGE]
+    page = max(1, int(raw_page)) if raw_page.isdigit() and len(raw_page) < 9 else 1
+    total, shown = run_selectors.runs_page(team=team_obj, page=page, per_page=RUNS_PER_PAGE)
+    pages = max(1, -(-total // RUNS_PER_PAGE))
+    if page > pages:  # past the end: the last page
+        page = pages
+        total, shown = run_selectors.runs_page(team=team_obj, page=page, per_page=RUNS_PER_PAGE)
     base = reverse("analytics:run", args=[team_obj.slug])
     return render(request, "analytics/runs.html", {
         "team": team_obj, "tab": "runs", "runs": [{"r": r, "url": base + "?" + urlencode({"run": r.name})}
                                                   for r in shown],
-        "total": len(all_runs), "page": page, "pages": pages,
+        "total": total, "page": page, "pages": pages,
         "prev_url": f"?page={page - 1}" if page > 1 else None, "next_url": f"?page={page + 1}" if page < pages else None,
         "compare_action": base,
     })
@@ -165,13 +168,13 @@ def run_page(request: HttpRequest, team: str) -> HttpResponse:
         title, y_label, percent = CHARTS[metric]
         lines = []
         for curve in curves:
-            narrowed = _facet_filters(curve, params)
+            curve_query = episodes_url + "?" + params.query(**_facet_filters(curve, params))
             points = []
             for p in curve.series(metric, params.smooth):
                 if p["single"] is not None:
                     href = _trajectory_url(team_obj, p["single"])
                 else:
-                    href = episodes_url + "?" + params.query(**narrowed, **{"from": p["lo"], "to": p["hi"]})
+                    href = f"{curve_query}&from={p['lo']}&to={p['hi']}"
                 span = f"{p['lo']}" if p["lo"] == p["hi"] else f"{p['lo']}–{p['hi']}"
                 value = "–" if p["y"] is None else charts.fmt(p["y"]) + ("%" if percent else "")
                 p.update(href=href, label=f"{curve.label} · step {span}: {value} ({p['episodes']} "
@@ -183,6 +186,8 @@ def run_page(request: HttpRequest, team: str) -> HttpResponse:
                                         note="No episodes match these filters.")
     selected = params.query()
     context.update({
+        # Reward-hacking and anomaly flags of the runs shown (orsplatform/flags, refreshed by beat).
+        "flags": [f for name in params.names for f in flags_for_team(team=team_obj, run=name, limit=50)],
         "params": params, "summaries": summaries, "charts": drawn,
         "legend": [{"label": c.label, "color": charts.color_of(i), "episodes": c.episodes}
                    for i, c in enumerate(curves)],
@@ -206,10 +211,10 @@ def run_episodes(request: HttpRequest, team: str) -> HttpResponse:
         lo, hi = (_bound(request.GET.get(k, "")) for k in ("from", "to"))
     except ValidationError as exc:
         return render(request, "analytics/run_episodes.html", {**context, "errors": exc.messages}, status=400)
+    if len(run_selectors.run_summaries(team=team_obj, names=params.names)) < len(params.names):
+        raise Http404("No such run.")
     rows = []
     for name in params.names:
-        if runs.run_get(team=team_obj, name=name) is None:
-            raise Http404("No such run.")
         for p in runs.run_series(team=team_obj, name=name, environment=params.environment, version=params.version,
                                  split=params.split):
             if (lo is None or p.x >= lo) and (hi is None or p.x <= hi):

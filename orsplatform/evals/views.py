@@ -133,16 +133,20 @@ def agent_remove_view(request: HttpRequest, team: str, agent_id: int) -> HttpRes
 
 
 def _progress_chart(run_obj: EvalRun):
-    """Pass rate as the episodes end (per group of consecutive episodes, and so far), drawn while the
-    run goes on: the page's live region refetches it."""
+    """Pass rate as the episodes end, so far and over the latest episodes (a window of at least 10,
+    so a run of single-episode points does not zigzag between 0 and 100 %), drawn while the run goes
+    on: the page's live region refetches it."""
     series = selectors.completion_series(run=run_obj)
-    groups = order.group_in_order([e["reward"] for e in series], passed=[e["passed"] for e in series])
+    passed = [e["passed"] for e in series]
+    groups = order.group_in_order([e["reward"] for e in series], passed=passed)
     labels = [order.order_label(g) for g in groups]
     per = max((g["episodes"] for g in groups), default=1)
+    window = max(10, per)
+    latest = [sum(passed[max(0, g["last"] - window):g["last"]]) / min(window, g["last"]) * 100 for g in groups]
     return charts.lines(
         labels, [f"episodes {label} (in the order they ended)" for label in labels],
         [("Pass rate so far", [g["cumulative_success_rate"] * 100 for g in groups]),
-         ("Pass rate of these episodes", [g["success_rate"] * 100 for g in groups])],
+         (f"Pass rate of the latest {window} episodes", latest)],
         title="Pass rate as episodes end", x_label="Episodes, in the order they ended"
         + (f" (up to {per} per point)" if per > 1 else ""), y_label="Pass rate (%)", percent=True, y_max=100.0,
         note="No episode has ended yet.")

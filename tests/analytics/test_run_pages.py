@@ -167,3 +167,35 @@ def test_runs_are_reachable_from_the_site_navigation(runs_data, owner):
     assert 'id="nav-training-runs"' in html
     r = client.get("/analytics/?to=runs")
     assert r.status_code == 302 and unquote(r["Location"]) == RUNS
+
+
+def test_a_session_only_run_without_its_row_has_a_page_and_an_empty_run_has_none(runs_data, owner):
+    from orsplatform.episodes.models import Session
+    from orsplatform.runs.models import Run
+
+    Run.objects.filter(team=owner.team, name="keyed").delete()  # rows are written once per process
+    client = login(owner)
+    html = client.get(VIEW + "?run=keyed").content.decode()
+    assert len(marks(chart(html, "run-reward"))) == 2
+    assert client.get("/analytics/acme/runs/episodes/?run=keyed").content.decode().count('class="episode-row"') == 2
+    Session.objects.filter(team=owner.team, run_name="keyed").update(run_name="elsewhere")
+    Run.objects.create(team=owner.team, name="keyed", first_seen_at=runs_data.v1.created_at,
+                       last_seen_at=runs_data.v1.created_at)
+    assert client.get(VIEW + "?run=keyed").status_code == 404
+
+
+def test_a_runs_flags_are_shown_on_its_page_with_links_to_their_episodes(runs_data, owner, outsider):
+    from django.utils import timezone
+
+    from orsplatform.flags.models import Flag
+
+    now = timezone.now()
+    Flag.objects.create(team=owner.team, kind=Flag.Kind.FAST_PASS, key="keyed-fast", environment=runs_data.puzzle,
+                        run_name="keyed", summary="acme-keyed-0 passed in 1 call; the task's typical pass takes 9",
+                        sessions=["acme-keyed-0"], first_seen_at=now, last_seen_at=now)
+    html = login(owner).get(VIEW + "?run=keyed").content.decode()
+    flags = html.split('<section class="flags">', 1)[1].split("</section>", 1)[0]
+    assert "passed in 1 call" in flags and 'href="/analytics/acme/sessions/acme-keyed-0/"' in flags
+    other = login(owner).get(VIEW + "?run=grpo-a").content.decode()
+    assert "passed in 1 call" not in other and "No flags" in other
+    assert "passed in 1 call" not in login(outsider).get("/analytics/globex/runs/view/?run=grpo-a").content.decode()
