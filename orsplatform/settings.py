@@ -317,6 +317,8 @@ ORS_REPLAY_SAMPLE_POOL = env_int("ORS_REPLAY_SAMPLE_POOL", 10)
 # ORS_SANDBOX_SESSIONS_PER_WORKER of them); how often the progress bar's row is written.
 ORS_REPLAY_CONCURRENCY = env_int("ORS_REPLAY_CONCURRENCY", 32)
 ORS_REPLAY_PROGRESS_SECONDS = env_float("ORS_REPLAY_PROGRESS_SECONDS", 0.5)
+# A replay still "running" after this long lost its process; a redelivery of its task runs it again.
+ORS_REPLAY_STALE_SECONDS = env_float("ORS_REPLAY_STALE_SECONDS", 3600.0)
 # verify/solutions.jsonl: at most this many reference solutions and bytes.
 ORS_REPLAY_MAX_SOLUTIONS = env_int("ORS_REPLAY_MAX_SOLUTIONS", 1000)
 ORS_REPLAY_MAX_SOLUTIONS_BYTES = env_int("ORS_REPLAY_MAX_SOLUTIONS_BYTES", 4 * 1024 * 1024)

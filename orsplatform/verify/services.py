@@ -9,6 +9,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from orsplatform.catalog.models import Environment, EnvironmentVersion
@@ -118,9 +119,14 @@ def _replay(verification: Verification, episodes: list[Episode]) -> list[Replaye
 
 
 def verification_run(*, verification_id: int) -> Verification:
-    """Run a queued verification once (a redelivered task finds it claimed and does nothing)."""
-    claimed = Verification.objects.filter(id=verification_id, status=Verification.Status.QUEUED).update(
-        status=Verification.Status.RUNNING, started_at=timezone.now())
+    """Run a queued verification once (a redelivered task finds it claimed and does nothing),
+    unless it has been running for ORS_REPLAY_STALE_SECONDS: its process died (the task is acked
+    late, so a killed worker's task comes back) and this delivery takes it up again."""
+    now = timezone.now()
+    stale = now - timezone.timedelta(seconds=settings.ORS_REPLAY_STALE_SECONDS)
+    claimed = Verification.objects.filter(
+        Q(status=Verification.Status.QUEUED) | Q(status=Verification.Status.RUNNING, started_at__lt=stale),
+        id=verification_id).update(status=Verification.Status.RUNNING, started_at=now)
     verification = Verification.objects.select_related("version__environment__team", "baseline").get(
         id=verification_id)
     if not claimed:
