@@ -86,3 +86,10 @@ async def test_an_unknown_run_and_a_keys_emptied_default_run_are_404(client, own
     runs = (await client.get("/api/v1/runs", headers=owner.headers)).json()["runs"]
     assert [r["name"] for r in runs] == ["elsewhere"]
     assert (await client.get("/api/v1/runs/alice-key", headers=owner.headers)).status_code == 404
+
+
+async def test_nul_characters_in_a_path_are_a_404_not_a_500(client, owner):
+    for path in ("/api/v1/runs/a%00b", "/api/v1/rollouts/a%00b", "/v1/environments/a%00/b",
+                 "/v1/environments/a/b%00/variants"):
+        r = await client.get(path, headers=owner.headers)
+        assert r.status_code == 404, (path, r.status_code)
