@@ -1,7 +1,7 @@
 """Rollout API ingestion: messages/s sustained through POST /v1/rollouts on PostgreSQL, and the
 server's memory over time. Budget (issue #26): >= 2,000 messages/s sustained with flat memory.
 
-    .venv/bin/python bench/rollout_ingest.py [--duration 60] [--uploaders 8] [--server uvicorn]
+    .venv/bin/python bench/rollout_ingest.py [--duration 60] [--uploaders 16] [--server uvicorn]
 
 A fresh PostgreSQL database is created (and dropped afterwards), migrated, and a team key minted;
 the platform runs as `make run` starts it. Load is the openreward client's wire format, built with

@@ -126,7 +126,8 @@ class RunDetailView(APIView):
         query = SeriesQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
         team = _team(request)
-        summary = selectors.run_summary(team=team, name=name)
+        # PostgreSQL cannot compare text holding NUL; no run can be named so.
+        summary = None if "\x00" in name else selectors.run_summary(team=team, name=name)
         if summary is None:
             raise Http404("Run not found.")
         series = selectors.run_series(team=team, name=name, **query.validated_data)
@@ -143,7 +144,7 @@ class TrajectoryView(APIView):
                    parameters=[OpenApiParameter("ref", str, OpenApiParameter.PATH,
                                                 description="a rollout's event id or a session id")])
     def get(self, request, ref: str):
-        found = selectors.rollout_trajectory(team=_team(request), ref=ref)
+        found = None if "\x00" in ref else selectors.rollout_trajectory(team=_team(request), ref=ref)
         if found is None:
             raise Http404("Rollout not found.")
         r, s = found.rollout, found.session

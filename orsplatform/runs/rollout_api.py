@@ -104,7 +104,7 @@ def environment(request: HttpRequest, owner: str, name: str) -> JsonResponse:
         caller = _looked_up(request)
     except AuthError as exc:
         return _detail(str(exc), exc.status)
-    env = environment_get_visible(caller=caller, team_slug=owner, slug=name)
+    env = None if "\x00" in owner + name else environment_get_visible(caller=caller, team_slug=owner, slug=name)
     if env is None:
         return _detail(f"Environment {owner}/{name} not found.", 404)
     current = env.current_version
@@ -122,7 +122,7 @@ def variants(request: HttpRequest, owner: str, name: str) -> JsonResponse:
         caller = _looked_up(request)
     except AuthError as exc:
         return _detail(str(exc), exc.status)
-    env = environment_get_visible(caller=caller, team_slug=owner, slug=name)
+    env = None if "\x00" in owner + name else environment_get_visible(caller=caller, team_slug=owner, slug=name)
     if env is None:
         return _detail(f"Environment {owner}/{name} not found.", 404)
     versions = env.versions.filter(status=EnvironmentVersion.Status.READY).order_by("number")
