@@ -59,6 +59,12 @@ def full_specs(*, environment: Environment, wanted: set[tuple[str, int]]) -> dic
     return found
 
 
+def has_recorded_episodes(*, team: Team | int, version: EnvironmentVersion) -> bool:
+    team_id = team if isinstance(team, int) else team.id
+    return Session.objects.filter(environment_id=version.environment_id, version=version, team_id=team_id,
+                                  status__in=ENDED, calls__gt=0).exists()
+
+
 def recorded_episodes(*, team: Team | int, version: EnvironmentVersion, sample_size: int,
                       seed: int | None = None) -> list[Episode]:
     """Up to ``sample_size`` ended episodes of ``version`` recorded by ``team``, drawn at random from

@@ -17,7 +17,7 @@ from orsplatform.celery import task
 from orsplatform.verify import config, report
 from orsplatform.verify.models import Verification, VerifySettings
 from orsplatform.verify.replay import Call, Episode, Progress, Replayed, replay_in_thread
-from orsplatform.verify.selectors import full_specs, recorded_episodes
+from orsplatform.verify.selectors import full_specs, has_recorded_episodes, recorded_episodes
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,9 @@ def verification_plan(*, environment: Environment, version: EnvironmentVersion, 
     publishing inside its transaction, with the environment locked."""
     sample, threshold = verify_effective(environment=environment, manifest=manifest)
     solutions = len(config.read_solutions(Path(version.package_path)))
-    replay = baseline is not None and baseline.id != version.id and sample > 0
+    # Nothing recorded to replay (a version nobody of the team has run yet): no replay is queued.
+    replay = (baseline is not None and baseline.id != version.id and sample > 0
+              and has_recorded_episodes(team=environment.team_id, version=baseline))
     if not replay and not solutions:
         Verification.objects.filter(version=version).delete()  # a failed attempt's, if any
         return False
