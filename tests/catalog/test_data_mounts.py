@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
-from ors.client import ORS
 from openreward import OpenReward
+from ors.client import ORS
 
 from orsplatform.catalog.models import Environment, EnvironmentVersion
 from tests.catalog.support import api, login, zip_bytes
