@@ -220,16 +220,20 @@ def serialize_observation(observation: Any) -> dict[str, Any]:
     try:
         fields = observation.model_dump(mode="json", exclude={"reward", "done"})
     except Exception:  # a field pydantic cannot put in JSON mode (a tensor, a handle): as text
-        fields = observation.model_dump(exclude={"reward", "done"})
-    data = {"observation": _json(fields), "reward": observation.reward, "done": bool(observation.done)}
+        fields = _json(observation.model_dump(exclude={"reward", "done"}))
+    data = {"observation": fields, "reward": observation.reward, "done": bool(observation.done)}
     if observation.metadata:
-        data["metadata"] = _json(observation.metadata)
+        data["metadata"] = fields.get("metadata") if isinstance(fields.get("metadata"), dict) else _json(
+            observation.metadata)
     return data
 
 
 def serialize_state(state: Any) -> dict[str, Any]:
     if hasattr(state, "model_dump"):
-        return _json(state.model_dump(mode="json"))
+        try:
+            return state.model_dump(mode="json")
+        except Exception:  # as for observations
+            return _json(state.model_dump())
     return _json(dict(state) if state else {})
 
 
