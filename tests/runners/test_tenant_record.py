@@ -39,6 +39,7 @@ async def sbx(live_db):
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=build_application(app)),
                                  base_url="http://testserver", timeout=60) as client:
+        client.ors_app = app
         yield client
     await app.shutdown()
 
@@ -132,6 +133,27 @@ async def test_frames_that_answer_no_request_kill_the_worker_and_only_its_sessio
         fresh = await open_session(sbx, outsider, NOISY)  # a new worker for the next session
         result, _ = await call(sbx, outsider, fresh, "count", n=2)
         assert result["output"]["blocks"][0]["text"] == "4"
+        await team_a.check(at_least=2)
+
+
+async def test_a_pair_whose_workers_keep_breaking_the_channel_waits_longer_for_each_new_worker(
+        sbx, owner, outsider, noisy, probe_a):
+    pool = sbx.ors_app.gateway.executor.pool
+    with TeamA(sbx, owner, probe_a) as team_a:
+        delays, opened_in = [], []
+        for _ in range(3):
+            started = time.monotonic()
+            sid = await open_session(sbx, outsider, NOISY)
+            opened_in.append(time.monotonic() - started)
+            _, error = await call(sbx, outsider, sid, "flood", n=200, size=64 * 1024)
+            assert "answers no request" in error, error
+            (key,) = [k for k in pool._backoff if k[1] == outsider.team.pk]
+            delays.append(pool._backoff[key][1])
+        assert delays == [0.5, 1.0, 2.0]
+        # The third worker waited out the second fault's back-off before it started.
+        assert opened_in[2] >= 1.0, opened_in
+        # Another team's pair never waits.
+        assert not [k for k in pool._backoff if k[1] != outsider.team.pk]
         await team_a.check(at_least=2)
 
 

@@ -59,6 +59,9 @@ SANDBOX_PYTHON_HOME = "/ors/python"  # the base interpreter's prefix
 SANDBOX_VENV = "/ors/venv"  # site-packages: the platform's virtualenv or the package's own
 SANDBOX_PYTHON = f"{SANDBOX_VENV}/bin/python"
 JANITOR_SECONDS = 0.5
+# A pair whose worker was killed for a protocol fault waits this long before its next worker
+# starts, doubling with each fault within BACKOFF_RESET_SECONDS of the last, up to the maximum.
+BACKOFF_FIRST_SECONDS, BACKOFF_MAX_SECONDS, BACKOFF_RESET_SECONDS = 0.5, 30.0, 120.0
 RUNTIME_SUFFIX = ".pyenv"
 # The environment's data, read-only where OpenReward environments look for it (their documented
 # data mount), for every SDK alike: a data archive stored by content hash (its folder named in
@@ -371,6 +374,7 @@ class Worker:
         self._flush_later: asyncio.TimerHandle | None = None
         # Told (sessions, reason) when the worker ends with sessions in it (runner nodes record it).
         self.on_death: Callable[[list[str], str], None] | None = None
+        self.on_fault: Callable[[], None] | None = None
 
     @property
     def alive(self) -> bool:
@@ -432,7 +436,7 @@ class Worker:
         except (_Stop, ConnectionError):
             pass
         except Exception as exc:  # garbage on the pipe: the worker (tenant code) broke the protocol
-            self.kill(f"it broke the supervisor protocol ({type(exc).__name__})")
+            self.kill(f"it broke the supervisor protocol ({type(exc).__name__})", fault=True)
         finally:
             frames.close()
         try:
@@ -445,7 +449,7 @@ class Worker:
     def _answer(self, message: Any) -> None:
         request_id = message.get("id") if isinstance(message, dict) else None
         if not isinstance(request_id, int) or isinstance(request_id, bool):
-            self.kill("it sent a message that is not a reply")
+            self.kill("it sent a message that is not a reply", fault=True)
             raise _Stop
         if request_id == 0 and self._ready is not None and not self._ready.done():
             self._ready.set_result(None)
@@ -466,7 +470,7 @@ class Worker:
         attempt to answer for another, and kills the worker."""
         future = self._pending.pop(request_id, None)
         if future is None:
-            self.kill("it sent a message that answers no request")
+            self.kill("it sent a message that answers no request", fault=True)
             raise _Stop
         self._overdue.pop(request_id, None)
         return future
@@ -530,9 +534,14 @@ class Worker:
             asyncio.get_running_loop().create_task(_remove_later(self._cgroup))
         self._cgroup = None
 
-    def kill(self, reason: str | None = None) -> None:
+    def kill(self, reason: str | None = None, fault: bool = False) -> None:
+        """`fault`: killed for breaking the channel's protocol (a flood, an unfinished or oversized
+        frame): its pair's next worker starts only after a back-off (SandboxPool.backoff)."""
         if reason and not self.kill_reason:
             self.kill_reason = reason
+        if fault and self.on_fault is not None and self.proc is not None and self.proc.returncode is None:
+            on_fault, self.on_fault = self.on_fault, None
+            on_fault()
         if self.proc is not None and self.proc.returncode is None:
             # The whole process group: prlimit/bwrap and, through bwrap's pid namespace, every
             # process the tenant started (setsid children included) ends with it.
@@ -649,7 +658,7 @@ class _Frames:
         while end - offset >= HEADER.size:
             (size,) = HEADER.unpack_from(buffer, offset)
             if size > limits.max_frame:
-                self.worker.kill("it sent a message larger than the protocol allows")
+                self.worker.kill("it sent a message larger than the protocol allows", fault=True)
                 raise _Stop
             start = offset + HEADER.size
             if size > limits.max_output:
@@ -688,7 +697,7 @@ class _Frames:
         if self.skip_id is None and (len(self.head) >= want or not self.skipping):
             match = REPLY_ID.match(self.head)
             if match is None:
-                self.worker.kill("it sent a message that is not a reply")
+                self.worker.kill("it sent a message that is not a reply", fault=True)
                 raise _Stop
             self.skip_id = int(match.group(1))
             # Answered now (the caller need not wait for the rest to be discarded); an id that
@@ -711,7 +720,7 @@ class _Frames:
 
     def _overdue(self) -> None:
         self.timer = None
-        self.worker.kill(f"a message from it did not arrive whole within {self.limits.deadline:g} s")
+        self.worker.kill(f"a message from it did not arrive whole within {self.limits.deadline:g} s", fault=True)
 
     def close(self) -> None:
         self._disarm()
@@ -727,6 +736,29 @@ class SandboxPool:
         self._spawning: dict[tuple, asyncio.Task] = {}  # a pair's next worker, while it starts
         self._janitor: asyncio.Task | None = None
         self._limits: dict[str, Limits] = {}
+        # (package, team) -> (when its last worker was killed for a protocol fault, the back-off
+        # its next start waits): a tenant that makes its workers flood or break the channel cannot
+        # make the supervisor start one worker after another (each start costs the host CPU that
+        # every team's calls need; bench/tenant_noise.py's `flood`).
+        self._backoff: dict[tuple, tuple[float, float]] = {}
+
+    def _faulted(self, key: tuple) -> None:
+        now = time.monotonic()
+        last = self._backoff.get(key)
+        recent = last is not None and now - last[0] < BACKOFF_RESET_SECONDS
+        delay = min(BACKOFF_MAX_SECONDS, last[1] * 2) if recent else BACKOFF_FIRST_SECONDS
+        self._backoff[key] = (now, delay)
+
+    def backoff(self, key: tuple) -> float:
+        """Seconds the pair's next worker start still waits (0: none)."""
+        last = self._backoff.get(key)
+        if last is None:
+            return 0.0
+        now = time.monotonic()
+        if now - last[0] >= BACKOFF_RESET_SECONDS:
+            del self._backoff[key]
+            return 0.0
+        return max(0.0, last[0] + last[1] - now)
 
     def limits(self, package_dir: str) -> Limits:
         limits = self._limits.get(package_dir)
@@ -772,8 +804,14 @@ class SandboxPool:
 
     async def _start_worker(self, key: tuple, package_dir: str, limits: Limits, label: str, nth: int) -> Worker:
         try:
+            wait = self.backoff(key)
+            if wait:
+                log.warning("sandbox worker for %s starts in %.1f s: its last one was killed for breaking the "
+                            "channel's protocol", label, wait)
+                await asyncio.sleep(wait)
             worker = Worker(key, label, self.config)
             worker.on_death = self.on_lost
+            worker.on_fault = functools.partial(self._faulted, key)
             await worker.spawn(package_dir, limits)
             # Looked up again: the janitor drops a pair's empty list while a worker starts.
             self._workers.setdefault(key, []).append(worker)
