@@ -227,10 +227,11 @@ def test_uv_s_explanation_names_the_packages_without_a_wheel():
 
 
 def test_with_source_builds_off_an_sdist_only_requirement_fails_with_uvs_message(owner, settings, index, tmp_path):
-    index.add_sdist("ors-tiny-sdist", "0.1", {"ors_tiny_sdist.py": "VALUE = 40\n"})
+    # A package no other test builds: an environment built earlier from the same resolution is reused.
+    index.add_sdist("ors-off-sdist", "0.1", {"ors_off_sdist.py": "VALUE = 40\n"})
     settings.ORS_BUILD_EXTRA_INDEX_URLS = [index.url]
     settings.ORS_BUILD_SDISTS = False
-    folder = write_folder(tmp_path / "tiny", {"env.py": TINY_ENV, "requirements.txt": "ors-tiny-sdist==0.1\n"})
-    with pytest.raises(CommandError, match="Wheels are required for `ors-tiny-sdist`"):
+    folder = write_folder(tmp_path / "tiny", {"env.py": TINY_ENV, "requirements.txt": "ors-off-sdist==0.1\n"})
+    with pytest.raises(CommandError, match="Wheels are required for `ors-off-sdist`"):
         call_command("publish_env", str(folder), team="acme", slug="tiny")
     assert not [p for p in index.requests if p.startswith("/files/")]
