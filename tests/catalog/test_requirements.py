@@ -277,7 +277,8 @@ def test_the_console_follows_a_build_from_building_to_ready(owner, member, outsi
     assert login(member).get("/console/acme/environments/edict/versions/1/build").status_code == 200
     assert login(outsider).get("/console/acme/environments/edict/versions/1/build").status_code == 404
     listing = client.get("/console/acme/environments/")
-    assert b'/console/acme/environments/edict/versions/1/build' in listing.content
+    # The listing links each version's page, which follows its build (and its verification).
+    assert b'href="/console/acme/environments/edict/versions/1/"' in listing.content
 
 
 def test_a_dockerfile_is_noted_on_the_version_not_built(owner):
