@@ -155,10 +155,61 @@ def _factory_class(factory: Any) -> type | None:
     return factory if isinstance(factory, type) else None
 
 
+class CheckedSchemas:
+    """``jsonschema.validate`` that checks each distinct schema against its metaschema once.
+
+    MCP's client validates every tool result with ``jsonschema.validate(result, output_schema)``,
+    which first validates the output schema itself against the JSON Schema metaschema: the same
+    schema, every call, and the larger part of a tool call's CPU in this worker (bench/README.md,
+    the OpenEnv-SDK comparison). The answer is the same with the check done once per distinct
+    schema: a schema is known by its content (canonical JSON), so one changed in place is checked
+    anew; the validator built then is reused. Only calls made the way MCP makes them (no extra
+    arguments, an empty registry) take the cache; any other goes to the original unchanged."""
+
+    LIMIT = 256  # distinct schemas kept (a worker serves one package: a handful of tools)
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+        self.validators: dict[tuple[Any, bytes], Any] = {}
+
+    def __call__(self, instance: Any, schema: Any, cls: Any = None, *args: Any, **kwargs: Any) -> None:
+        from jsonschema import exceptions, validators
+
+        registry = kwargs.get("registry")
+        if args or set(kwargs) - {"registry"} or (registry is not None and len(registry)):
+            return self.original(instance, schema, cls, *args, **kwargs)
+        try:
+            key = (cls, orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+        except TypeError:  # not plain JSON: as jsonschema would have it
+            return self.original(instance, schema, cls, *args, **kwargs)
+        validator = self.validators.get(key)
+        if validator is None:
+            kind = cls if cls is not None else validators.validator_for(schema)
+            kind.check_schema(schema)  # a bad schema raises SchemaError here, as before, and is not kept
+            validator = kind(schema, **kwargs)
+            if len(self.validators) >= self.LIMIT:
+                self.validators.clear()
+            self.validators[key] = validator
+        error = exceptions.best_match(validator.iter_errors(instance))
+        if error is not None:
+            raise error
+
+    @classmethod
+    def install(cls) -> None:
+        try:
+            import jsonschema
+        except ImportError:  # an environment without MCP's client
+            return
+        if not isinstance(jsonschema.validate, cls):
+            jsonschema.validate = cls(jsonschema.validate)
+
+
 def declare(pkg_name: str, package_dir: str, cls: type) -> Declaration:
     """The declaration of ``cls``: from the package's app module when it builds a server for it
     (an app module that fails to import is the package's error), else inferred."""
     import importlib
+
+    CheckedSchemas.install()
 
     from openenv.core.env_server.types import State
 
