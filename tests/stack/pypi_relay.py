@@ -9,6 +9,7 @@ to /files/..., which is fetched from PyPI's file host. Nothing is cached or chan
 
 from __future__ import annotations
 
+import os
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -83,7 +84,10 @@ def handler(upstream: httpx.Client) -> type[BaseHTTPRequestHandler]:
 
 def main(host: str, port_file: str) -> None:
     # identity: bodies pass through as they come (the relay sets no Content-Encoding of its own).
-    upstream = httpx.Client(timeout=60, follow_redirects=True, headers={"Accept-Encoding": "identity"})
+    # The machine's trust store (SSL_CERT_FILE), which may hold an egress proxy's authority.
+    bundle = os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt")
+    upstream = httpx.Client(timeout=60, follow_redirects=True, headers={"Accept-Encoding": "identity"},
+                            verify=bundle if os.path.isfile(bundle) else True)
     server = ThreadingHTTPServer((host, 0), handler(upstream))
     server.daemon_threads = True
     Path(port_file).write_text(str(server.server_address[1]))
