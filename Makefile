@@ -56,7 +56,7 @@ test: install sandbox-deps browser-deps proxy-deps
 # images cannot be pulled), then tests/stack through its proxy; always tears everything down
 # (bin/stack-test, docs/stack-test.md).
 stack-test: install
-	bin/stack-test
+	PY=$(PY) bin/stack-test
 
 bench: install sandbox-deps
 	$(PY) bench/compare.py --concurrency 16 --duration 20
