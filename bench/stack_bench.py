@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--kills", type=int, default=3, help="kill-to-410 measurements")
+    parser.add_argument("--prime", type=float, default=10.0,
+                        help="seconds of unmeasured load first (each node starts its sandbox workers)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -101,14 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     key = stack.manage("create_api_key", "bench", "stack-bench").strip().splitlines()[-1].strip()
     results = {}
     stack.wait_runners(2)
-    results["2 runner nodes"] = asyncio.run(run_load(stack.url, "math", args.concurrency, args.duration,
-                                                     args.warmup, key))
+
+    def measure() -> dict:
+        asyncio.run(run_load(stack.url, "math", args.concurrency, args.prime, 0.0, key))  # not counted
+        return asyncio.run(run_load(stack.url, "math", args.concurrency, args.duration, args.warmup, key))
+
+    results["2 runner nodes"] = measure()
     runner2 = stack.container("runner-2")
     sh(stack.docker, "stop", "-t", "10", runner2)
     try:
         stack.wait_runners(1)
-        results["1 runner node"] = asyncio.run(run_load(stack.url, "math", args.concurrency, args.duration,
-                                                        args.warmup, key))
+        results["1 runner node"] = measure()
     finally:
         sh(stack.docker, "start", runner2)
     stack.wait_runners(2)
