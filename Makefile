@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 STAMP := $(VENV)/.installed
 
 .PHONY: run test install migrate publish devkey bench bench-postgres bench-executors worker runner lint clean up down \
-	sandbox-deps browser-deps proxy-deps
+	sandbox-deps browser-deps proxy-deps stack-test
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ run: sandbox-deps publish devkey
 test: install sandbox-deps browser-deps proxy-deps
 	$(PY) -m pytest
 
+# docker/compose.yml on real containers (installs docker.io, debootstrap and docker-compose when
+# missing, starts its own dockerd if none answers, builds a local Debian base when the registry's
+# images cannot be pulled), then tests/stack through its proxy; always tears everything down
+# (bin/stack-test, docs/stack-test.md).
+stack-test: install
+	PY=$(PY) bin/stack-test
+
 bench: install sandbox-deps
 	$(PY) bench/compare.py --concurrency 16 --duration 20
 
@@ -74,13 +81,13 @@ lint: install
 	$(PY) -m ruff check .
 
 up:
-	docker compose -f docker/compose.yml up --build
+	docker compose -p ors-platform -f docker/compose.yml up --build
 
 # compose.yml requires its secrets even to stop the stack; any value does for `down`.
 down:
 	SECRET_KEY="$${SECRET_KEY:-unused}" REDIS_PASSWORD="$${REDIS_PASSWORD:-unused}" \
 		RUNNER_REDIS_PASSWORD_RUNNER_1="$${RUNNER_REDIS_PASSWORD_RUNNER_1:-unused}" \
-		RUNNER_REDIS_PASSWORD_RUNNER_2="$${RUNNER_REDIS_PASSWORD_RUNNER_2:-unused}" docker compose -f docker/compose.yml down
+		RUNNER_REDIS_PASSWORD_RUNNER_2="$${RUNNER_REDIS_PASSWORD_RUNNER_2:-unused}" docker compose -p ors-platform -f docker/compose.yml down
 
 clean:
 	rm -rf var .pytest_cache

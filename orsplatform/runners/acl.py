@@ -7,7 +7,8 @@ One argument per node, its Celery hostname (``--hostname``). The node's user is
 keys.runner_acl_rules for that hostname only, and the password in ``RUNNER_REDIS_PASSWORD_<NODE>``
 (upper case, other characters as ``_``: ``runner-1`` reads ``RUNNER_REDIS_PASSWORD_RUNNER_1``). Reads REDIS_URL (an administrative
 user's) and ORS_REDIS_PREFIX. Compose runs it after migrations; run it again after a Redis restart
-when Redis keeps no ACL file. No Django here.
+when Redis keeps no ACL file; when it keeps one (``aclfile``, as docker/compose.yml's Redis does), the
+users are saved to it (``ACL SAVE``: password hashes only), so a Redis restart keeps them. No Django here.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def main(argv: list[str]) -> int:
         rules = runner_acl_rules(prefix, os.environ[password_variable(hostname)], hostname)
         client.execute_command("ACL", "SETUSER", user_name(hostname), *rules)
         print(f"Redis ACL user {user_name(hostname)!r} set for runner node {hostname}.")
+    # Saved where Redis keeps an ACL file: without it a restarted Redis would refuse every node.
+    if (client.config_get("aclfile") or {}).get("aclfile"):
+        client.execute_command("ACL", "SAVE")
+        print("Redis ACL users saved to its ACL file.")
     return 0
 
 
