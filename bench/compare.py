@@ -267,7 +267,8 @@ def prepare_platform(env: dict[str, str], load: LoadConfig | None = None) -> str
     manage(["publish_envs"], env)
     if load is not None and load.hidden_fields:
         manage(["shell", "-c", HIDE_FIELDS.format(env=load.env, fields=list(load.hidden_fields))], env)
-    lines = manage(["create_api_key", "builtin", "bench"], env, timeout=60).strip().splitlines()
+    # A key name is unique among a team's live keys, and a reused database may already hold "bench".
+    lines = manage(["create_api_key", "builtin", f"bench-{secrets.token_hex(3)}"], env, timeout=60).strip().splitlines()
     if not lines:
         raise SetupError("create_api_key printed nothing")
     return lines[-1].strip()

@@ -48,7 +48,8 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
                     expires_at=timezone.now() + timedelta(days=days) if days else None,
                 )
             except ValidationError as exc:
-                form.add_error(None, exc)
+                # A taken name is the name field's error, shown beside it; the rest are the form's.
+                form.add_error("name" if exc.code == "name_taken" else None, exc)
             else:
                 # Shown in this response only; never stored, never put in a redirect or a message.
                 new_token = created.token

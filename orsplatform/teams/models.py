@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Lower
 
 # Slugs become the first segments of ORS paths (/{team}/{slug}/tools), so they may not contain
 # path characters and may not take a segment reserved for the platform itself.
@@ -67,6 +69,14 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # A name picks one live key out of the team's list (console, logs, `revoke`): two live keys
+            # may not share one, in any case. Revoked keys keep theirs, so a name can be reused.
+            models.UniqueConstraint(
+                Lower("name"), "team", condition=Q(revoked_at__isnull=True), name="apikey_live_name_unique_per_team"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.team.slug}/{self.name} ({self.prefix})"

@@ -8,7 +8,7 @@ from datetime import datetime
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from orsplatform.teams.models import RESERVED_SEGMENTS, ApiKey, Membership, Team, slug_validator
@@ -65,6 +65,11 @@ class NewApiKey:
     token: str  # shown once, never stored
 
 
+def api_key_name_taken(*, team: Team, name: str) -> bool:
+    """Whether a live (unrevoked) key of the team already has this name, in any case."""
+    return ApiKey.objects.filter(team=team, name__iexact=name, revoked_at__isnull=True).exists()
+
+
 def api_key_create(
     *,
     team: Team,
@@ -74,22 +79,35 @@ def api_key_create(
     expires_at: datetime | None = None,
     created_by=None,
 ) -> NewApiKey:
+    name = name.strip()
+    if not name:
+        raise ValidationError("A key needs a name.")
     scopes = list(scopes) if scopes is not None else [ApiKey.Scope.SESSIONS.value]
     unknown = sorted(set(scopes) - set(ALL_SCOPES))
     if unknown:
         raise ValidationError(f"Unknown scopes: {', '.join(unknown)}. Known: {', '.join(ALL_SCOPES)}.")
     if environment is not None and environment.team_id != team.id and environment.visibility != "public":
         raise ValidationError("A key can only be bound to its team's environments or public ones.")
-    with transaction.atomic():
-        for _ in range(5):
-            prefix = pysecrets.token_hex(4)
-            if not ApiKey.objects.filter(prefix=prefix).exists():
-                break
-        secret = pysecrets.token_hex(16)
-        key = ApiKey.objects.create(
-            team=team, name=name, prefix=prefix, secret_hash=hash_secret(secret), scopes=scopes,
-            environment=environment, expires_at=expires_at, created_by=created_by,
-        )
+    taken = ValidationError(f"The team already has a key named '{name}': choose another name or revoke that key.",
+                            code="name_taken")
+    if api_key_name_taken(team=team, name=name):
+        raise taken
+    try:
+        with transaction.atomic():
+            for _ in range(5):
+                prefix = pysecrets.token_hex(4)
+                if not ApiKey.objects.filter(prefix=prefix).exists():
+                    break
+            secret = pysecrets.token_hex(16)
+            key = ApiKey.objects.create(
+                team=team, name=name, prefix=prefix, secret_hash=hash_secret(secret), scopes=scopes,
+                environment=environment, expires_at=expires_at, created_by=created_by,
+            )
+    except IntegrityError:
+        # Two creations of one name raced past the check above; the constraint let one through.
+        if api_key_name_taken(team=team, name=name):
+            raise taken from None
+        raise
     return NewApiKey(api_key=key, token=f"ors_{prefix}_{secret}")
 
 
@@ -102,11 +120,14 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
 
 def api_key_rotate_unowned(*, team: Team, name: str, scopes: list[str]) -> NewApiKey:
     """A fresh key named `name` for the team, revoking the earlier ones of that name that no person
-    created (the one `make run` prints: each run replaces the last, so one full-scope dev key is active)."""
+    created (the one `make run` prints: each run replaces the last, so one full-scope dev key is active).
+    A person's live key of that name is left alone, and the new key is then named `<name> (unowned)`."""
+    fallback = f"{name} (unowned)"
     with transaction.atomic():
-        ApiKey.objects.filter(team=team, name=name, created_by__isnull=True, revoked_at__isnull=True).update(
-            revoked_at=timezone.now())
-        return api_key_create(team=team, name=name, scopes=scopes)
+        ApiKey.objects.filter(team=team, name__in=[name, fallback], created_by__isnull=True,
+                              revoked_at__isnull=True).update(revoked_at=timezone.now())
+        free = not api_key_name_taken(team=team, name=name)
+        return api_key_create(team=team, name=name if free else fallback, scopes=scopes)
 
 
 def api_keys_touch(*, last_used: dict[int, datetime]) -> None:

@@ -42,4 +42,6 @@ def test_a_key_someone_created_under_the_same_name_is_left_alone(live_db, django
     dev_key()
     theirs.refresh_from_db()
     assert theirs.revoked_at is None
-    assert len(active_dev_keys()) == 2  # theirs and the latest run's
+    assert active_dev_keys() == [theirs]  # names are unique among live keys: the dev key takes another
+    unowned = ApiKey.objects.filter(team__slug="builtin", created_by__isnull=True, revoked_at__isnull=True)
+    assert [k.name for k in unowned] == ["make run (unowned)"]  # one, the latest run's

@@ -92,3 +92,25 @@ def test_the_key_list_is_paginated(owner):
     second = client.get("/console/acme/?page=2").content.decode()
     assert "Page 1 of 2" in first and "Page 2 of 2" in second
     assert first.count("<code>ors_") + second.count("<code>ors_") == 31  # 30 and the fixture's own key
+
+
+def test_a_second_key_with_a_taken_name_is_a_form_error_beside_the_name(owner):
+    client = login(owner)
+    assert client.post("/console/acme/", {"name": "ci", "scopes": ["sessions"]}).status_code == 200
+    before = ApiKey.objects.filter(team=owner.team).count()
+    response = client.post("/console/acme/", {"name": "CI", "scopes": ["sessions"]})
+    html = response.content.decode()
+    assert response.status_code == 200 and 'id="new-token"' not in html
+    assert "already has a key named" in html and "errorlist" in html
+    assert ApiKey.objects.filter(team=owner.team).count() == before
+
+
+def test_the_one_time_key_has_a_copy_button_for_it(owner):
+    html = login(owner).post("/console/acme/", {"name": "ci", "scopes": ["sessions"]}).content.decode()
+    assert 'data-copy="new-token"' in html and 'id="copy-token"' in html
+
+
+def test_another_team_may_use_a_name_this_team_uses(owner, outsider):
+    login(owner).post("/console/acme/", {"name": "shared-name", "scopes": ["sessions"]})
+    response = login(outsider).post(f"/console/{outsider.team.slug}/", {"name": "shared-name", "scopes": ["sessions"]})
+    assert 'id="new-token"' in response.content.decode()

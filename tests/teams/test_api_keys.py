@@ -77,3 +77,33 @@ def test_reserved_and_malformed_slugs_are_refused(db, slug):
         validate_slug(slug)
     with pytest.raises(ValidationError):
         team_create(slug=slug)
+
+
+def test_two_live_keys_of_a_team_cannot_share_a_name_in_any_case(team):
+    api_key_create(team=team, name="ci")
+    for name in ("ci", "CI", "  ci "):
+        with pytest.raises(ValidationError, match="already has a key named") as caught:
+            api_key_create(team=team, name=name)
+        assert caught.value.code == "name_taken"
+    assert ApiKey.objects.filter(team=team).count() == 1
+
+
+def test_a_revoked_keys_name_can_be_used_again_and_another_team_may_use_it(team):
+    first = api_key_create(team=team, name="ci")
+    api_key_revoke(api_key=first.api_key)
+    again = api_key_create(team=team, name="ci")
+    other = api_key_create(team=team_create(slug="globex"), name="ci")
+    assert again.api_key.name == other.api_key.name == "ci"
+
+
+def test_the_database_refuses_a_duplicate_live_name_that_bypasses_the_service(team):
+    from django.db import IntegrityError, transaction
+
+    api_key_create(team=team, name="ci")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        ApiKey.objects.create(team=team, name="Ci", prefix="dup00001", secret_hash="0" * 64)
+
+
+def test_an_empty_name_is_refused(team):
+    with pytest.raises(ValidationError, match="needs a name"):
+        api_key_create(team=team, name="   ")

@@ -55,3 +55,11 @@ def test_create_api_key_refuses_unknown_scopes(db):
     with pytest.raises(CommandError):
         run("create_api_key", "acme", "k", "--scopes", "sessions,root")
     assert not ApiKey.objects.exists()
+
+
+def test_create_api_key_refuses_a_name_a_live_key_of_the_team_has(db):
+    run("create_team", "acme")
+    run("create_api_key", "acme", "bench")
+    with pytest.raises(CommandError, match="already has a key named 'bench'"):
+        run("create_api_key", "acme", "bench")
+    assert ApiKey.objects.filter(team__slug="acme").count() == 1

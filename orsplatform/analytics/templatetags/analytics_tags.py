@@ -28,22 +28,45 @@ def pct(value) -> str:
     return "–" if value is None else f"{value * 100:.1f}%"
 
 
+def duration_text(seconds: float | None) -> str:
+    """A duration a person reads at a glance, in the unit that suits it: never "0.0 s" for a fast call,
+    never "4521.3 s" for a long session. Under a second in ms ("< 1 ms" for a nonzero sliver), seconds
+    with two significant decimals up to 10 s, then whole minutes and seconds, then hours and minutes."""
+    if seconds is None or seconds != seconds or seconds < 0:  # None, NaN, or a clock that stepped back
+        return "–"
+    if seconds == 0:
+        return "0 ms"
+    if seconds < 0.001:
+        return "< 1 ms"
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms".replace(".0 ms", " ms")
+    if round(seconds * 1000) < 1000:
+        return f"{round(seconds * 1000)} ms"
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if round(seconds) < 60:
+        return f"{seconds:.1f} s" if seconds < 59.95 else "1 min 0 s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60:,} h {minutes % 60} min"
+
+
 @register.filter
 def ms(value) -> str:
+    """Milliseconds (latencies): as they are under a second, as a duration above."""
     if value is None:
         return "–"
+    if value >= 1000:
+        return duration_text(value / 1000)
     return f"{value:,.0f} ms" if value >= 100 else f"{value:.1f} ms".replace(".0 ms", " ms")
 
 
 @register.filter
 def seconds(value) -> str:
-    if value is None:
-        return "–"
-    if value < 60:
-        return f"{value:.1f} s"
-    if value < 3600:
-        return f"{value / 60:.1f} min"
-    return f"{value / 3600:.1f} h"
+    """Seconds (session and episode durations) in the unit that suits them (duration_text)."""
+    return duration_text(value)
 
 
 @register.filter

@@ -39,12 +39,39 @@
     });
   }
 
+  // Copy buttons (snippets, the one-time API key): the Clipboard API where the page is a secure context
+  // (https, localhost); elsewhere the text is selected and copied the old way, and if even that is
+  // refused it stays selected for Ctrl+C. The button says which happened.
+  function selectText(el) {
+    var range = document.createRange();
+    range.selectNodeContents(el);
+    var selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+  }
+
   function copyButtons() {
     document.querySelectorAll("button[data-copy]").forEach(function (button) {
+      var label = button.textContent;
       button.addEventListener("click", function () {
-        var text = document.getElementById(button.dataset.copy).textContent;
-        var done = function () { button.textContent = "Copied"; setTimeout(function () { button.textContent = "Copy"; }, 1500); };
-        if (navigator.clipboard) navigator.clipboard.writeText(text).then(done, function () {});
+        var source = document.getElementById(button.dataset.copy);
+        var text = source.textContent;
+        var say = function (what) {
+          button.textContent = what;
+          button.dataset.copied = what;
+          setTimeout(function () { button.textContent = label; }, 1500);
+        };
+        var fallback = function () {
+          selectText(source);
+          var ok = false;
+          try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+          say(ok ? "Copied" : "Press Ctrl+C");
+        };
+        if (navigator.clipboard && window.isSecureContext) {
+          navigator.clipboard.writeText(text).then(function () { say("Copied"); }, fallback);
+        } else {
+          fallback();
+        }
       });
     });
   }
