@@ -17,6 +17,7 @@ Adding a setting (3 lines): a `Setting(...)` below, `NAME = env["NAME"]` in sett
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import sys
@@ -434,9 +435,25 @@ def load(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     return got
 
 
+def typos(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Set ORS_* variables that are not settings but look like one (`ORS_SANDBOXX`): a warning each,
+    not an error, because clients and the compose file have ORS_* variables of their own
+    (ORS_API_KEY, ORS_IMAGE, ORS_NGINX_*)."""
+    environ = os.environ if environ is None else environ
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith("ORS_") and name not in REGISTRY:
+            close = difflib.get_close_matches(name, REGISTRY, n=1, cutoff=0.9)
+            if close:
+                warnings.append(f"{name} is not a setting (ignored); did you mean {close[0]}?")
+    return warnings
+
+
 def load_or_exit(environ: Mapping[str, str] | None = None, *, program: str) -> dict[str, Any]:
     """load() for processes without Django (a runner node): a bad value prints its message and exits 2,
     before anything connects anywhere."""
+    for warning in typos(environ):
+        print(f"{program}: warning: {warning}", file=sys.stderr)
     try:
         return load(environ)
     except ConfigError as exc:
@@ -456,7 +473,8 @@ def markdown() -> str:
         "Every process checks every variable below that is set before it starts (the web app, "
         "`manage.py`, Celery workers, runner nodes): a value that is not allowed stops it with a "
         "message naming the variable, the value and what is allowed (`DEBUG=ture`, `ORS_SANDBOX=bwarp`, "
-        "a negative size). An empty value means the default.",
+        "a negative size). An empty value means the default. A set `ORS_*` variable that is no setting but "
+        "looks like one (`ORS_SANDBOXX`) is warned about at start-up.",
         "",
         "\"Node\" marks what runner nodes read from their own environment (they have no Django settings, "
         "no SECRET_KEY and no DATABASE_URL: [operators](operators.md#running-on-many-machines-the-celery-executor)). "

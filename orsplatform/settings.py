@@ -4,6 +4,7 @@ limits, inline executor); environment variables switch on production pieces."""
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +23,8 @@ try:
     env = config.load(os.environ)
 except config.ConfigError as exc:
     raise ImproperlyConfigured(str(exc)) from None
+for _typo in config.typos(os.environ):  # before logging is configured, so straight to stderr
+    print(f"orsplatform.settings: warning: {_typo}", file=sys.stderr)
 VAR_DIR = env["ORS_VAR_DIR"]
 
 # Off unless asked for: with DEBUG on, Django records every SQL query, which costs the hot path

@@ -132,3 +132,15 @@ def test_every_variable_the_code_reads_is_registered():
         read.update(pattern.findall(text))
     unregistered = sorted(read - set(config.REGISTRY) - NOT_SETTINGS)
     assert not unregistered, f"read but not in orsplatform/config.py: {unregistered}"
+
+
+def test_a_misspelt_setting_is_warned_about_and_other_ors_variables_are_not():
+    warnings = config.typos({"ORS_SANDBOXX": "none", "ORS_API_KEY": "ors_x", "ORS_NGINX_UPSTREAMS": "a:1"})
+    assert warnings == ["ORS_SANDBOXX is not a setting (ignored); did you mean ORS_SANDBOX?"]
+
+
+def test_manage_py_warns_about_a_misspelt_setting_and_still_starts():
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=environ(ORS_IDLE_TIMEOUT_SECOND="5"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "did you mean ORS_IDLE_TIMEOUT_SECONDS?" in done.stderr
