@@ -91,3 +91,10 @@ down:
 
 clean:
 	rm -rf var .pytest_cache
+
+# The documentation site (docs/, mkdocs.yml) into var/site; docs/configuration.md is generated from the
+# settings registry (orsplatform/config.py) first. `$(PY) -m mkdocs serve` to read it while editing.
+.PHONY: site
+site: install
+	$(PY) -m orsplatform.config --markdown > docs/configuration.md
+	$(PY) -m mkdocs build --strict -d var/site

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STOP_GRACE_S = 10.0
 HEALTH_POLL_INTERVAL_S = 0.1
 PG_ADMIN = ["-h", "127.0.0.1", "-U", "postgres"]
-# The budgets of DESIGN.md §7: throughput at least the reference's, tool-call p50 within 2 ms of it.
+# The budgets of docs/design.md §7: throughput at least the reference's, tool-call p50 within 2 ms of it.
 BUDGET_MIN_RATIO = 1.0
 BUDGET_MAX_CALL_P50_DIFF_MS = 2.0
 

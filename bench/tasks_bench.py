@@ -1,4 +1,4 @@
-"""Task ingest and task lookup on a 1,000,000-task split (DESIGN.md §7: `task` and `task_range` p50 under
+"""Task ingest and task lookup on a 1,000,000-task split (docs/design.md §7: `task` and `task_range` p50 under
 5 ms, `num_tasks` constant time).
 
     cd /work/main && .venv/bin/python bench/tasks_bench.py [--rows 1000000] [--requests 3000]

@@ -1,4 +1,4 @@
-"""A noisy neighbour's cost to another team (DESIGN.md §7: at most 1.5x its p50).
+"""A noisy neighbour's cost to another team (docs/design.md §7: at most 1.5x its p50).
 
     cd /work/main && .venv/bin/python bench/tenant_noise.py --duration 10
 

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 from django.core.exceptions import ImproperlyConfigured
 
-# The key the embedded default signs with. It is public (it is in this file), so anything signed
-# with it (sessions, password-reset links, agents' keys at rest) is forgeable by anyone.
-DEVELOPMENT_SECRET_KEY = "dev-only-insecure-key-change-me-in-production"
+from orsplatform.config import DEVELOPMENT_SECRET_KEY  # public, so forgeable: refused below
+
+__all__ = ["DEVELOPMENT_SECRET_KEY", "deployment_problems", "is_deployment", "refuse_insecure_deployment"]
 
 _TRUE = {"1", "true", "yes", "on"}
 

@@ -2,7 +2,7 @@
 
 On PostgreSQL a write is a network round trip or three; run on a worker thread, each of them also
 has to win the GIL back from a busy event loop, and that hand-off, not the database, was most of
-the latency of /create, /call and /delete (see bench/README.md). Here one psycopg AsyncConnection
+the latency of /create, /call and /delete (see docs/benchmarks-history.md). Here one psycopg AsyncConnection
 runs a batch of episode inserts, audit-row upserts and episode ends in one transaction, awaiting
 the database without a thread. The statements come from the hot-write registry
 (``episodes/hot_writes.py``), beside the ORM forms; everything else goes through the ORM on the DB

@@ -1,5 +1,5 @@
 """Minimal ASGI request/response primitives for the ORS surface (no Django request cycle: the hot
-path costs a fraction of Django's handler; see bench/README.md)."""
+path costs a fraction of Django's handler; see docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which environment an ORS request names (DESIGN.md §4), in order: the X-Deployment header, the
+"""Which environment an ORS request names (docs/design.md §4), in order: the X-Deployment header, the
 path, the /create body's env_name, a per-environment host name; then, for a caller that names none,
 the key's bound environment and ORS_DEFAULT_ENVIRONMENT. A key bound to one environment uses that
 one only: any other it names (or the default it would fall back to) answers 403."""

@@ -19,6 +19,7 @@ import sys
 
 import redis
 
+from orsplatform import config
 from orsplatform.runners.keys import runner_acl_rules
 
 
@@ -46,8 +47,12 @@ def main(argv: list[str]) -> int:
     if missing:
         print(f"Not set: {', '.join(missing)} (each runner node needs a password of its own).", file=sys.stderr)
         return 1
-    client = redis.Redis.from_url(os.environ["REDIS_URL"])
-    prefix = os.environ.get("ORS_REDIS_PREFIX", "ors")
+    env = config.load_or_exit(os.environ, program="orsplatform.runners.acl")  # the registry's checks and defaults
+    if not env["REDIS_URL"]:
+        print("Not set: REDIS_URL (an administrative Redis user's URL).", file=sys.stderr)
+        return 1
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    prefix = env["ORS_REDIS_PREFIX"]
     for hostname in argv:
         rules = runner_acl_rules(prefix, os.environ[password_variable(hostname)], hostname)
         client.execute_command("ACL", "SETUSER", user_name(hostname), *rules)

@@ -37,6 +37,7 @@ import redis.asyncio as aioredis
 from celery import Celery, bootsteps
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
+from orsplatform import config
 from orsplatform.runners.coalesce import Coalescer
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession, WorkerLost
 from orsplatform.runners.inline import InlineExecutor
@@ -46,15 +47,18 @@ from orsplatform.runners.sealing import NodeKey, SealError
 
 log = logging.getLogger("orsplatform.runner")
 
-PREFIX = os.environ.get("ORS_REDIS_PREFIX", "ors")
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
-HEARTBEAT_SECONDS = float(os.environ.get("ORS_RUNNER_HEARTBEAT_SECONDS", "1"))
-HEARTBEAT_TTL = float(os.environ.get("ORS_RUNNER_HEARTBEAT_TTL", "5"))
-RESULT_TTL = int(os.environ.get("ORS_RESULT_TTL_SECONDS", "3600"))
-STATE_TTL = int(os.environ.get("ORS_STATE_TTL_SECONDS", "86400"))
+# The same registry as Django's settings (orsplatform/config.py), read without Django: a value it does
+# not allow (here or in any variable the gateways read) stops the node before it connects anywhere.
+ENV = config.load_or_exit(os.environ, program="runner node")
+PREFIX = ENV["ORS_REDIS_PREFIX"]
+REDIS_URL = ENV["REDIS_URL"] or "redis://127.0.0.1:6379/0"
+BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL  # validated above; defaults to REDIS_URL here
+HEARTBEAT_SECONDS = ENV["ORS_RUNNER_HEARTBEAT_SECONDS"]
+HEARTBEAT_TTL = ENV["ORS_RUNNER_HEARTBEAT_TTL"]
+RESULT_TTL = ENV["ORS_RESULT_TTL_SECONDS"]
+STATE_TTL = ENV["ORS_STATE_TTL_SECONDS"]
 # A node dedicated to one team (its slug) runs only that team's sessions; empty: the shared pool.
-TEAM = os.environ.get("ORS_RUNNER_TEAM", "")
+TEAM = ENV["ORS_RUNNER_TEAM"]
 SEEN_CALLS_KEPT = 200_000  # task ids remembered against duplicate delivery
 KEYS = Keys(PREFIX)
 
@@ -94,7 +98,7 @@ class Node:
         self.inbox: deque = deque()
         self._drain_scheduled = False
         self._tasks: set[asyncio.Task] = set()
-        self.executor = InlineExecutor(threads=int(os.environ.get("ORS_TOOL_THREADS", "64")),
+        self.executor = InlineExecutor(threads=ENV["ORS_TOOL_THREADS"],
                                        on_lost=self.sessions_lost)
         self.sessions: set[str] = set()
         self.seen_calls: OrderedDict[str, None] = OrderedDict()  # task ids, oldest first
