@@ -9,7 +9,6 @@ followed, and ``..`` or an absolute path never leaves the package.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -59,12 +58,11 @@ def read_text(root: Path, rel: str, *, limit: int = MAX_VIEW_BYTES) -> FileText 
             fd = nxt
         try:
             # O_NONBLOCK: a FIFO planted in a package must not hang the request (it is then
-            # refused as not a regular file).
+            # refused as not a regular file). Any failure (a link: ELOOP; a name too long; …) is
+            # "no such file": the path came from a URL.
             file_fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES):
-                return None
-            raise
+        except OSError:
+            return None
     finally:
         os.close(fd)
     with os.fdopen(file_fd, "rb") as fh:
