@@ -184,9 +184,11 @@ def version_rollback(request: HttpRequest, slug: str, env: str) -> HttpResponse:
             "team": team, "environment": environment, "version": version, "current": environment.current_version,
             "next": back, "cache_seconds": settings.ORS_CATALOG_CACHE_SECONDS,
         })
+    if not (raw.isdigit() and len(raw) <= 9):  # no version number at all (nor one past the column's range)
+        raise Http404("No such version.")
     try:
         rolled = environment_rollback(environment=environment, number=int(raw))
-    except (ValueError, VersionNotFound) as exc:
+    except VersionNotFound as exc:
         raise Http404("No such version.") from exc
     messages.success(request, f"{environment.full_name} now serves version {rolled.version.number}.")
     if rolled.previous is None or rolled.previous == rolled.version.number:

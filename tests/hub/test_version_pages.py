@@ -146,6 +146,8 @@ def test_the_confirmation_and_the_undo_are_for_the_teams_publishers_only(hub, ow
     assert Client().get(url).status_code == 302  # to the login page
     assert login(owner).get("/console/acme/environments/quiz/rollback?version=9").status_code == 404
     assert login(owner).get("/console/acme/environments/quiz/rollback?version=abc").status_code == 404
+    for bad in ("abc", "99999999999999999999", "-1", ""):
+        assert login(owner).post("/console/acme/environments/quiz/rollback", {"version": bad}).status_code == 404
     # Nobody but a publisher of acme sees an undo, whatever the link says.
     assert "Undo: serve @1 again" in login(owner).get("/environments/acme/quiz/versions/?undo=quiz@1").content.decode()
     for client in (login(viewer), Client(), login(outsider)):
