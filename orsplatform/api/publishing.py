@@ -147,7 +147,7 @@ class IngestJobSerializer(serializers.Serializer):
 
 
 class RollbackSerializer(serializers.Serializer):
-    version = serializers.IntegerField(min_value=1)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
 
 
 class RolledBackSerializer(VersionSerializer):

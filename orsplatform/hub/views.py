@@ -250,7 +250,7 @@ def _version(environment: Environment, number: int | None):
     """The version a files page shows: ``number``, else the current one (404 for no such version)."""
     if number is None:
         return environment.current_version
-    version = selectors.version_of(environment=environment, number=number)
+    version = selectors.version_of(environment=environment, number=number) if number < 2**31 else None
     if version is None:
         raise Http404("No such version.")
     return version

@@ -55,6 +55,7 @@ def test_each_version_shows_its_own_files_and_text(hub, owner):
     assert "Files of @2" in client.get("/environments/acme/quiz/files/").content.decode()
     assert client.get("/environments/acme/quiz/versions/9/files/").status_code == 404
     assert client.get("/environments/acme/quiz/versions/9/files/env.py").status_code == 404
+    assert client.get("/environments/acme/quiz/versions/99999999999999999999/files/").status_code == 404
 
 
 def _add_files(version: EnvironmentVersion, files: dict[str, bytes]) -> Path:
