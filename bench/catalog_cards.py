@@ -5,8 +5,8 @@ before each request (the worst case: one grouped query over a week of sessions).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/hub .venv/bin/python bench/catalog_cards.py
 
-Run it from another checkout (cwd and ROOT are this file's) to time that checkout's catalog on the
-same database. CPU time of this process is reported beside wall time (the database's is not in it).
+ORS_BENCH_CHECKOUT=/path/to/another/checkout times that checkout's catalog on the same database
+(a before/after comparison). CPU time of this process is reported beside wall time (the database's is not in it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(os.environ.get("ORS_BENCH_CHECKOUT", ROOT))))  # the code timed (another checkout's)
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orsplatform.settings")
 
