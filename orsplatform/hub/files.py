@@ -65,10 +65,11 @@ def read_text(root: Path, rel: str, *, limit: int = MAX_VIEW_BYTES) -> FileText 
             return None
     finally:
         os.close(fd)
+    info = os.fstat(file_fd)
+    if not stat.S_ISREG(info.st_mode):  # a folder, a FIFO, a device: checked before Python's open refuses it
+        os.close(file_fd)
+        return None
     with os.fdopen(file_fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            return None
         head = fh.read(limit + 1)
     truncated = len(head) > limit
     head = head[:limit]
