@@ -169,7 +169,7 @@ def _sessions(environment: Environment, version: EnvironmentVersion, rewards: li
     now = timezone.now()
     for i, reward in enumerate(rewards):
         Session.objects.create(
-            sid=f"{environment.slug}-{days_ago}-{i}", team=team or environment.team, environment=environment,
+            sid=f"{environment.slug}-{(team or environment.team).slug}-{days_ago}-{i}", team=team or environment.team, environment=environment,
             version=version, task_spec={}, split="train", task_index=0, created_at=now - timedelta(days=days_ago),
             last_activity_at=now, status=Session.Status.DELETED if reward is not None else Session.Status.READY,
             total_reward=reward, finished=reward is not None)
