@@ -77,7 +77,7 @@ class VersionSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
     def get_published_by(self, version: EnvironmentVersion) -> str:
-        return version.published_by or (version.created_by.username if version.created_by_id else "")
+        return version.publisher
 
     def get_current(self, version: EnvironmentVersion) -> bool:
         return version.environment.current_version_id == version.id

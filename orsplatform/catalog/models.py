@@ -83,6 +83,13 @@ class EnvironmentVersion(models.Model):
             models.UniqueConstraint(fields=["environment", "content_hash"], name="version_env_hash_unique"),
         ]
 
+    @property
+    def publisher(self) -> str:
+        """Who published it, as shown: the stored label, else (older versions) the user's name."""
+        if self.published_by:
+            return self.published_by
+        return self.created_by.username if self.created_by_id and self.created_by else ""
+
     def __str__(self) -> str:
         return f"{self.environment}@{self.number}"
 

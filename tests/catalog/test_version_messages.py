@@ -35,7 +35,7 @@ def test_a_console_publish_stores_its_message_and_the_user(owner):
 
 def test_the_console_form_refuses_an_overlong_message(owner):
     response = console_upload(login(owner), "acme", ECHO_ENV, message="x" * 2001)
-    assert response.status_code == 400 and not EnvironmentVersion.objects.exists()
+    assert response.status_code == 400 and not EnvironmentVersion.objects.filter(environment__team__slug="acme").exists()
 
 
 def test_a_rest_publish_stores_its_message_and_names_the_key_and_its_maker(owner, outsider):
@@ -53,7 +53,7 @@ def test_a_rest_publish_stores_its_message_and_names_the_key_and_its_maker(owner
     assert listed[0]["published_by"] == "key ci-bot (alice)" and listed[0]["message"] == "From CI, build 41"
     # An outsider's key cannot publish into acme: 404, and nothing is recorded.
     assert publish(outsider, "echo", "echo.py", echo_env("two"), team="acme", message="x").status_code == 404
-    assert EnvironmentVersion.objects.count() == 1
+    assert EnvironmentVersion.objects.filter(environment__team__slug="acme").count() == 1
 
 
 def test_a_key_without_a_maker_is_named_alone(owner):
@@ -65,7 +65,7 @@ def test_a_key_without_a_maker_is_named_alone(owner):
 def test_a_rest_message_that_is_too_long_is_a_400_and_publishes_nothing(owner):
     r = publish(owner, "echo", "echo.py", ECHO_ENV, message="y" * 2001)
     assert r.status_code == 400 and "message" in r.json()["detail"]
-    assert not EnvironmentVersion.objects.exists()
+    assert not EnvironmentVersion.objects.filter(environment__team__slug="acme").exists()
 
 
 def run(*args: str) -> str:
@@ -89,7 +89,7 @@ def test_the_cli_takes_a_message_and_records_its_account_or_the_user_named(owner
         run(str(path), "--team", "acme", "--user", "charlie")  # the outsider is not of acme
     with pytest.raises(CommandError, match="the limit is 2000"):
         run(str(path), "--team", "acme", "-m", "z" * 2001)
-    assert EnvironmentVersion.objects.count() == 2
+    assert EnvironmentVersion.objects.filter(environment__team__slug="acme").count() == 2
 
 
 def test_publish_envs_records_who_ran_it(live_db, tmp_path, settings):
@@ -113,7 +113,7 @@ def test_the_manifest_tags_licence_and_compute_are_kept_and_checked(owner):
         body = MANIFEST.format(name="echo", cls="Echo") + bad + "\n"
         r = publish(owner, "echo", "echo.tar.gz", tar_bytes({"env.py": echo_env("two"), "manifest.toml": body}))
         assert r.status_code == 400 and why in r.json()["detail"], (bad, r.json())
-    assert EnvironmentVersion.objects.count() == 1
+    assert EnvironmentVersion.objects.filter(environment__team__slug="acme").count() == 1
 
 
 def test_a_rest_rollback_answers_the_version_it_replaced_so_a_script_can_undo(owner, member, outsider):
