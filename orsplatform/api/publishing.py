@@ -25,6 +25,7 @@ from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJo
 from orsplatform.catalog.packages import remove_quietly, save_upload
 from orsplatform.catalog.protection import ProtectionError, split_protection_set
 from orsplatform.catalog.services import (
+    MAX_MESSAGE_CHARS,
     PublishError,
     UploadTooLarge,
     VersionNotFound,
@@ -34,6 +35,7 @@ from orsplatform.catalog.services import (
 )
 from orsplatform.teams.auth import Access, Caller
 from orsplatform.teams.models import Team
+from orsplatform.teams.selectors import api_key_of_team
 
 # Room for the multipart envelope around the file when the body size is checked before parsing.
 MULTIPART_SLACK = 64 * 1024
@@ -68,7 +70,14 @@ class VersionSerializer(serializers.Serializer):
     build_log = serializers.SerializerMethodField(help_text="The tail of the requirements build's log.")
     data_sha256 = serializers.CharField(source="data_hash", help_text="The data archive mounted at /orwd_data "
                                         "(sha256 of the archive); empty: the package's data/ folder, if any.")
+    message = serializers.CharField(help_text="The publisher's note on this version.")
+    published_by = serializers.SerializerMethodField(help_text="Who published: a user (\"alice\"), an API key "
+                                                     "(\"key ci-bot (alice)\") or the command line.")
+    tags = serializers.JSONField(help_text="The manifest's tags.")
     created_at = serializers.DateTimeField()
+
+    def get_published_by(self, version: EnvironmentVersion) -> str:
+        return version.publisher
 
     def get_current(self, version: EnvironmentVersion) -> bool:
         return version.environment.current_version_id == version.id
@@ -138,7 +147,12 @@ class IngestJobSerializer(serializers.Serializer):
 
 
 class RollbackSerializer(serializers.Serializer):
-    version = serializers.IntegerField(min_value=1)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
+
+
+class RolledBackSerializer(VersionSerializer):
+    previous = serializers.IntegerField(allow_null=True, help_text="The version served before: roll back to it "
+                                                                   "to undo (null: none was).")
 
 
 class TaskPageQuery(serializers.Serializer):
@@ -195,6 +209,8 @@ def _upload(request, field: str):
 PACKAGE_REQUEST = {"multipart/form-data": {"type": "object", "required": ["package"], "properties": {
     "package": {"type": "string", "format": "binary", "description": ".zip, .tar.gz or a single .py"},
     "visibility": {"type": "string", "enum": Environment.Visibility.values},
+    "message": {"type": "string", "maxLength": MAX_MESSAGE_CHARS,
+                "description": "what changed in this version (shown in its history)"},
     "data": {"type": "string", "format": "binary",
              "description": "a data archive (.zip or .tar.gz, up to ORS_MAX_DATA_ARCHIVE_BYTES) mounted read-only "
                             "at /orwd_data"},
@@ -236,16 +252,21 @@ class VersionListView(APIView):
         visibility = request.data.get("visibility") or None
         if visibility is not None and visibility not in Environment.Visibility.values:
             raise ValidationError(f"Unknown visibility {visibility!r}: public or private.")
+        message = request.data.get("message") or ""
+        if not isinstance(message, str) or len(message) > MAX_MESSAGE_CHARS:
+            raise ValidationError(f"'message' must be text of at most {MAX_MESSAGE_CHARS} characters.")
         # ?wait=1: a package with requirements is built within the request (scripts that want the
         # outcome in one call); by default the answer is 202 and the version shows the build.
         wait = request.query_params.get("wait", "").lower() in ("1", "true", "yes")
         team_obj = Team.objects.get(id=caller.team_id)
+        key = api_key_of_team(team_id=caller.team_id, key_id=caller.api_key_id)
         path = save_upload(upload)
         data_path = save_upload(data_upload) if data_upload is not None else None
         try:
             result = environment_publish_path(team=team_obj, path=path, filename=upload.name, slug=slug,
                                               visibility=visibility, wait=wait, data_path=data_path,
-                                              data_filename=data_upload.name if data_upload is not None else None)
+                                              data_filename=data_upload.name if data_upload is not None else None,
+                                              message=message, created_by_key=key)
         except PublishError as exc:
             code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE if exc.check in TOO_LARGE else status.HTTP_400_BAD_REQUEST
             return Response({"detail": str(exc), "check": exc.check, "traceback": exc.traceback}, status=code)
@@ -291,17 +312,17 @@ class RollbackView(APIView):
     permission_classes = [PublishAccess]
     parser_classes = [JSONParser, FormParser, MultiPartParser]
 
-    @extend_schema(request=RollbackSerializer, responses=VersionSerializer)
+    @extend_schema(request=RollbackSerializer, responses=RolledBackSerializer)
     def post(self, request, team: str, slug: str):
         environment = _own_environment(request, team, slug)
         body = RollbackSerializer(data=request.data)
         if not body.is_valid():
             raise ValidationError(body.errors)
         try:
-            version = environment_rollback(environment=environment, number=body.validated_data["version"])
+            rolled = environment_rollback(environment=environment, number=body.validated_data["version"])
         except VersionNotFound as exc:
             raise Http404(str(exc)) from exc
-        return Response(VersionSerializer(version).data)
+        return Response({**VersionSerializer(rolled.version).data, "previous": rolled.previous})
 
 
 class SplitListView(APIView):

@@ -65,6 +65,16 @@ class EnvironmentVersion(models.Model):
     # What the platform noticed but does not use (a Dockerfile), shown on the version.
     notes = models.JSONField(default=list)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    # The API key a REST publish came through (its name and user are in published_by too, so the
+    # history still says who published after the key or the user is deleted).
+    created_by_key = models.ForeignKey("teams.ApiKey", null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="+")
+    # Who published, as the versions list shows it: "alice", "key ci-bot (alice)", "command line (root)".
+    published_by = models.CharField(max_length=200, blank=True)
+    # The publisher's note on this version (console field, CLI --message, REST message).
+    message = models.TextField(blank=True)
+    # The manifest's tags, copied out so catalog cards need not load whole manifests.
+    tags = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -72,6 +82,13 @@ class EnvironmentVersion(models.Model):
             models.UniqueConstraint(fields=["environment", "number"], name="version_env_number_unique"),
             models.UniqueConstraint(fields=["environment", "content_hash"], name="version_env_hash_unique"),
         ]
+
+    @property
+    def publisher(self) -> str:
+        """Who published it, as shown: the stored label, else (older versions) the user's name."""
+        if self.published_by:
+            return self.published_by
+        return self.created_by.username if self.created_by_id and self.created_by else ""
 
     def __str__(self) -> str:
         return f"{self.environment}@{self.number}"

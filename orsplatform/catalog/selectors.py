@@ -205,6 +205,22 @@ def environments_of_team_page(*, team, page: int | str, per_page: int = 20):
     return Paginator(qs, per_page).get_page(page)
 
 
+def rollback_undo(*, team_id: int, ref: str) -> dict | None:
+    """The undo a page offers after a rollback: ``ref`` is "<slug>@<number>" (the version served
+    before it), of the caller's own team, still ready and no longer current; else None (an undo
+    already done, or a link that was edited, offers nothing)."""
+    slug, at, raw = ref.partition("@")
+    if not at or not raw.isdigit() or len(raw) > 9:
+        return None
+    version = (EnvironmentVersion.objects.select_related("environment__team", "environment__current_version")
+               .filter(environment__team_id=team_id, environment__slug=slug, number=int(raw),
+                       status=EnvironmentVersion.Status.READY).first())
+    if version is None or version.environment.current_version_id == version.id:
+        return None
+    return {"environment": version.environment, "number": version.number,
+            "current": getattr(version.environment.current_version, "number", None)}
+
+
 def versions_of(*, environment: Environment) -> list[EnvironmentVersion]:
     return list(environment.versions.select_related("created_by").order_by("-number"))
 

@@ -120,6 +120,11 @@ logger = logging.getLogger(__name__)
 TASK_FILE_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 MANIFEST_LIST_FIELDS = ("required_secrets", "requirements", "hidden_task_fields", "sealed_splits")
 MAX_TOOL_TIMEOUT_SECONDS = 24 * 3600
+# Catalog cards show the tags; the environment page the licence and the compute table.
+MAX_TAGS, MAX_TAG_CHARS = 20, 40
+MAX_LICENSE_CHARS = 100
+MAX_COMPUTE_FIELDS, MAX_COMPUTE_CHARS = 20, 200
+MAX_MESSAGE_CHARS = 2000  # a version's message (console, CLI --message, REST message)
 ENTRYPOINT = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -151,7 +156,49 @@ def manifest_validate(manifest: dict) -> dict:
         value = manifest.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
             raise fail(f"'{key}' must be a list of strings.")
+    _card_fields_validate(manifest, fail)
     return manifest
+
+
+def _card_fields_validate(manifest: dict, fail) -> None:
+    """``tags`` (catalog cards), ``license`` (or ``licence``) and a ``[compute]`` table (the
+    environment page): shown to every viewer, so bounded here."""
+    tags = manifest.get("tags", [])
+    if (not isinstance(tags, list) or len(tags) > MAX_TAGS
+            or not all(isinstance(t, str) and t.strip() and len(t) <= MAX_TAG_CHARS for t in tags)):
+        raise fail(f"'tags' must be a list of at most {MAX_TAGS} strings of at most {MAX_TAG_CHARS} characters.")
+    if "licence" in manifest and "license" in manifest:
+        raise fail("give 'license' or 'licence', not both.")
+    licence = manifest.get("license", manifest.get("licence"))
+    if licence is not None and not (isinstance(licence, str) and 0 < len(licence.strip()) <= MAX_LICENSE_CHARS):
+        raise fail(f"'license' must be a string of at most {MAX_LICENSE_CHARS} characters (an SPDX id such as MIT).")
+    compute = manifest.get("compute")
+    if compute is None:
+        return
+    if isinstance(compute, str):
+        compute = {"notes": compute}
+    if (not isinstance(compute, dict) or len(compute) > MAX_COMPUTE_FIELDS
+            or not all(isinstance(v, (str, int, float, bool)) and len(str(k)) <= 60
+                       and len(str(v)) <= MAX_COMPUTE_CHARS for k, v in compute.items())):
+        raise fail(f"'compute' must be a table of at most {MAX_COMPUTE_FIELDS} plain values "
+                   "(such as cpus = 2, memory = \"4 GiB\", gpu = false), or a string.")
+
+
+def manifest_tags(manifest: dict) -> list[str]:
+    """The manifest's tags as stored on the version: stripped, without repeats, in their order."""
+    seen: dict[str, None] = {}
+    for tag in manifest.get("tags", []):
+        seen.setdefault(tag.strip(), None)
+    return list(seen)
+
+
+def publisher_label(*, user=None, key=None) -> str:
+    """Who published, as the versions list shows it: the user, or the API key and the user who
+    made it ("key ci-bot (alice)"). Stored with the version, so it outlives the key and the user."""
+    if key is not None:
+        maker = getattr(key.created_by, "username", "") if key.created_by_id else ""
+        return f"key {key.name} ({maker})"[:200] if maker else f"key {key.name}"[:200]
+    return getattr(user, "username", "") or ""
 
 
 def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None = None,
@@ -285,14 +332,25 @@ def _ingest_into(environment: Environment, name: str, type: str, path: Path, fmt
 def environment_publish(
     *, team: Team, source_dir: Path, created_by=None, slug: str | None = None, visibility: str | None = None,
     default_slug: str | None = None, wait: bool = False, data_hash: str | None = None,
+    message: str = "", created_by_key=None, published_by: str = "",
 ) -> PublishResult:
     """Publish a package directory as a new immutable version (a no-op for identical content).
     ``data_hash``: a data archive stored by data.archive_store, mounted at /orwd_data.
+
+    ``message``: the publisher's note on the version; ``published_by``: who published, as shown
+    (default: publisher_label of ``created_by_key`` or ``created_by``).
 
     Validation runs on a throwaway copy, so what tenant code does during validation never reaches the
     stored package; nothing is written to the database until validation has passed, and the version,
     its splits and all its tasks are then written in one transaction.
     """
+    message = (message or "").strip()
+    if len(message) > MAX_MESSAGE_CHARS:
+        raise PublishError(f"The message is {len(message)} characters; the limit is {MAX_MESSAGE_CHARS}.",
+                           check="message")
+    published_by = (published_by or publisher_label(user=created_by, key=created_by_key))[:200]
+    author = {"created_by": created_by, "created_by_key": created_by_key, "published_by": published_by,
+              "message": message}
     source_dir = Path(source_dir).resolve()
     manifest = manifest_validate(read_manifest(source_dir))
     try:  # [verify] and verify/solutions.jsonl (verified versions, orsplatform/verify/)
@@ -326,7 +384,7 @@ def environment_publish(
     if requirements:
         return _version_queue_build(team=team, slug=slug, manifest=manifest, visibility=visibility,
                                     content_hash=content_hash, source_dir=source_dir, requirements=requirements,
-                                    notes=notes, created_by=created_by, wait=wait, data_hash=data_hash)
+                                    notes=notes, author=author, wait=wait, data_hash=data_hash)
 
     with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
         work = Path(tmp)
@@ -341,7 +399,7 @@ def environment_publish(
                     # an identical upload finished while this one was validating
                     return PublishResult(version=raced, created=False, report=report)
                 version = _version_row(environment=environment, reuse=raced, content_hash=content_hash,
-                                       stored=stored, manifest=manifest, created_by=created_by, requirements=[],
+                                       stored=stored, manifest=manifest, author=author, requirements=[],
                                        notes=notes, status=EnvironmentVersion.Status.READY, data_hash=data_hash)
                 _version_fill(environment=environment, version=version, report=report, work=work,
                               task_files=task_files, manifest=manifest, visibility=visibility)
@@ -379,12 +437,14 @@ def _environment_locked(*, team: Team, slug: str, manifest: dict, visibility: st
 
 
 def _version_row(*, environment: Environment, reuse: EnvironmentVersion | None, content_hash: str, stored: Path,
-                 manifest: dict, created_by, requirements: list[str], notes: list[str],
+                 manifest: dict, author: dict, requirements: list[str], notes: list[str],
                  status: str, data_hash: str | None = None) -> EnvironmentVersion:
     """A new numbered version, or the failed attempt at the same content taken up again (its number
-    kept: the content hash is unique per environment)."""
+    kept: the content hash is unique per environment). ``author``: created_by, created_by_key,
+    published_by and message (environment_publish)."""
     fields = {"package_path": str(stored), "manifest": manifest, "requirements": requirements, "notes": notes,
-              "status": status, "error": "", "created_by": created_by, "data_hash": data_hash or ""}
+              "status": status, "error": "", "data_hash": data_hash or "", "tags": manifest_tags(manifest),
+              **author}
     if reuse is not None:
         for name, value in fields.items():
             setattr(reuse, name, value)
@@ -435,7 +495,7 @@ def _version_fill(*, environment: Environment, version: EnvironmentVersion, repo
 
 
 def _version_queue_build(*, team: Team, slug: str, manifest: dict, visibility: str | None, content_hash: str,
-                         source_dir: Path, requirements: list[str], notes: list[str], created_by,
+                         source_dir: Path, requirements: list[str], notes: list[str], author: dict,
                          wait: bool, data_hash: str | None = None) -> PublishResult:
     """A package with requirements: store it, record the version as ``building`` and build its
     Python environment, then inspect it there (version_build). ``wait``: build now, in this
@@ -450,7 +510,7 @@ def _version_queue_build(*, team: Team, slug: str, manifest: dict, visibility: s
         if raced is not None and raced.status != EnvironmentVersion.Status.FAILED:
             return PublishResult(version=raced, created=False)
         version = _version_row(environment=environment, reuse=raced, content_hash=content_hash, stored=stored,
-                               manifest=manifest, created_by=created_by, requirements=requirements, notes=notes,
+                               manifest=manifest, author=author, requirements=requirements, notes=notes,
                                status=EnvironmentVersion.Status.BUILDING, data_hash=data_hash)
         pyenvs.log_path(version.id).unlink(missing_ok=True)
     if wait:
@@ -556,7 +616,7 @@ def pyenvs_collect_unused() -> list[str]:
 def environment_publish_path(
     *, team: Team, path: Path, filename: str | None = None, slug: str | None = None,
     visibility: str | None = None, created_by=None, wait: bool = False, data_path: Path | None = None,
-    data_filename: str | None = None,
+    data_filename: str | None = None, message: str = "", created_by_key=None, published_by: str = "",
 ) -> PublishResult:
     """Publish a folder, a zip, a tar.gz or a single .py (``filename`` is the uploader's name for it),
     with a data archive (``data_path``, named ``data_filename``) mounted at /orwd_data."""
@@ -570,7 +630,8 @@ def environment_publish_path(
         with packages.unpacked(Path(path), filename=filename) as package:
             return environment_publish(team=team, source_dir=package.root, created_by=created_by, slug=slug,
                                        visibility=visibility, default_slug=package.name_hint or None, wait=wait,
-                                       data_hash=data_hash)
+                                       data_hash=data_hash, message=message, created_by_key=created_by_key,
+                                       published_by=published_by)
     except packages.PackageError as exc:
         raise PublishError(str(exc), check=exc.check) from exc
 
@@ -579,7 +640,13 @@ class VersionNotFound(LookupError):
     pass
 
 
-def environment_rollback(*, environment: Environment, number: int) -> EnvironmentVersion:
+@dataclass(frozen=True)
+class Rollback:
+    version: EnvironmentVersion  # served now
+    previous: int | None  # the number served before (what an undo serves again); None: none was
+
+
+def environment_rollback(*, environment: Environment, number: int) -> Rollback:
     """Point the environment at one of its ready versions (older or newer): discovery and new
     sessions follow within ORS_CATALOG_CACHE_SECONDS; running sessions keep their version."""
     with transaction.atomic():
@@ -587,10 +654,13 @@ def environment_rollback(*, environment: Environment, number: int) -> Environmen
         version = locked.versions.filter(number=number, status=EnvironmentVersion.Status.READY).first()
         if version is None:
             raise VersionNotFound(f"Version {number} of {environment.full_name} does not exist.")
+        # Read under the lock, so the undo offered is the version this rollback replaced.
+        previous = (EnvironmentVersion.objects.filter(id=locked.current_version_id)
+                    .values_list("number", flat=True).first() if locked.current_version_id else None)
         locked.current_version = version
         locked.save(update_fields=["current_version"])
     environment.current_version = version
-    return version
+    return Rollback(version=version, previous=previous)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ Writes go through catalog.services; owners, admins and members publish, viewers 
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
 from django import forms
 from django.conf import settings
 from django.contrib import messages
@@ -13,7 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from orsplatform.catalog import selectors as catalog
 from orsplatform.catalog.ingest import IngestError
@@ -21,6 +23,7 @@ from orsplatform.catalog.models import Environment, IngestJob, Split
 from orsplatform.catalog.packages import remove_quietly, save_upload
 from orsplatform.catalog.protection import ProtectionError, split_protection_set
 from orsplatform.catalog.services import (
+    MAX_MESSAGE_CHARS,
     PublishError,
     UploadTooLarge,
     VersionNotFound,
@@ -45,6 +48,8 @@ class PackageForm(forms.Form):
                            help_text="Default: the manifest's name, else the file name.")
     visibility = forms.ChoiceField(required=False, choices=[("", "manifest / unchanged")]
                                    + list(Environment.Visibility.choices))
+    message = forms.CharField(required=False, max_length=MAX_MESSAGE_CHARS, widget=forms.Textarea(attrs={"rows": 2}),
+                              help_text="What changed in this version (shown in its history).")
 
 
 class TaskFileForm(forms.Form):
@@ -79,6 +84,7 @@ def _page(request: HttpRequest, team: Team, role: str, publisher: bool, *, packa
         "jobs": catalog.ingest_jobs_of_team(team=team, limit=10),
         "package_form": package_form or PackageForm(), "task_form": task_form or TaskFileForm(team=team),
         "failure": failure,
+        "undo": catalog.rollback_undo(team_id=team.id, ref=request.GET.get("undo", "")[:80]) if publisher else None,
     }, status=status)
 
 
@@ -114,7 +120,7 @@ def package_upload(request: HttpRequest, slug: str) -> HttpResponse:
         result = environment_publish_path(team=team, path=path, filename=upload.name,
                                           slug=form.cleaned_data["slug"] or None,
                                           visibility=form.cleaned_data["visibility"] or None,
-                                          created_by=request.user)
+                                          created_by=request.user, message=form.cleaned_data["message"])
     except PublishError as exc:
         return _page(request, team, role, publisher, package_form=form, failure=exc,
                      status=413 if exc.check == "size" else 400)
@@ -142,25 +148,52 @@ def package_upload(request: HttpRequest, slug: str) -> HttpResponse:
     return redirect("console:environments", slug=team.slug)
 
 
+def _back(request: HttpRequest, raw: str) -> str | None:
+    """``next`` when it is a path of this site (never another host)."""
+    if raw and url_has_allowed_host_and_scheme(raw, allowed_hosts={request.get_host()},
+                                               require_https=request.is_secure()):
+        return raw
+    return None
+
+
+def _with_undo(url: str, ref: str) -> str:
+    """``url`` with its ``undo`` parameter set to ``ref`` (replacing an earlier one)."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "undo"] + [("undo", ref)]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def version_rollback(request: HttpRequest, slug: str, env: str) -> HttpResponse:
+    """GET: the confirmation ("Serve @N instead of @M?"), which changes nothing; POST: serve it,
+    and come back to the page it started from, which then offers "Undo: serve @M again"."""
     team, _, _ = _team(request, slug, write=True)
     environment = catalog.environment_of_team(team_id=team.id, slug=env)
     if environment is None:
         raise Http404("No such environment.")
+    data = request.POST if request.method == "POST" else request.GET
+    raw = str(data.get("version", ""))
+    back = _back(request, str(data.get("next", ""))) or reverse("console:environments", args=[team.slug])
+    if request.method == "GET":
+        version = (catalog.version_of(environment=environment, number=int(raw))
+                   if raw.isdigit() and len(raw) <= 9 else None)
+        if version is None or version.status != version.Status.READY:
+            raise Http404("No such version.")
+        return render(request, "console/rollback_confirm.html", {
+            "team": team, "environment": environment, "version": version, "current": environment.current_version,
+            "next": back, "cache_seconds": settings.ORS_CATALOG_CACHE_SECONDS,
+        })
+    if not (raw.isdigit() and len(raw) <= 9):  # no version number at all (nor one past the column's range)
+        raise Http404("No such version.")
     try:
-        number = int(request.POST.get("version", ""))
-        version = environment_rollback(environment=environment, number=number)
-    except (ValueError, VersionNotFound) as exc:
+        rolled = environment_rollback(environment=environment, number=int(raw))
+    except VersionNotFound as exc:
         raise Http404("No such version.") from exc
-    messages.success(request, f"{environment.full_name} now serves version {version.number}.")
-    # The environment page's version history posts here too and wants to come back to itself.
-    back = request.POST.get("next", "")
-    if back and url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()},
-                                                 require_https=request.is_secure()):
+    messages.success(request, f"{environment.full_name} now serves version {rolled.version.number}.")
+    if rolled.previous is None or rolled.previous == rolled.version.number:
         return redirect(back)
-    return redirect("console:environments", slug=team.slug)
+    return redirect(_with_undo(back, f"{environment.slug}@{rolled.previous}"))
 
 
 @login_required

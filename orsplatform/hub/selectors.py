@@ -5,18 +5,21 @@ missing environment (the views answer 404)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.core.cache import cache
 from django.core.paginator import Page, Paginator
 from django.db.models import Avg, Count, Q, QuerySet
+from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from orsplatform.analytics.selectors import ENDED, pass_reward
 from orsplatform.catalog import data
 from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
 from orsplatform.episodes.models import Session
+from orsplatform.hub import files as package_files
 from orsplatform.hub.markdown import render_markdown
 from orsplatform.runners.sandbox.pool import SANDBOX_DATA
 from orsplatform.teams.models import Membership, Team
@@ -79,6 +82,36 @@ def catalog_page(*, user, query: str = "", team: str = "", visibility: str = "",
                  page: int | str = 1, per_page: int = 24) -> Page:
     qs = catalog_queryset(viewer=viewer_of(user), query=query, team=team, visibility=visibility, sort=sort)
     return Paginator(qs, per_page).get_page(page)
+
+
+USAGE_DAYS = 7
+USAGE_CACHE_SECONDS = 300
+
+
+def catalog_usage(*, environment_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Sessions started in the last 7 days and their pass rate, per environment of a catalog page:
+    platform-wide counts (every caller's sessions, as a usage figure, never who ran them), from one
+    grouped query on the (environment, created_at) index, cached for a few minutes per environment
+    so a busy catalog costs a cache read."""
+    keys = {f"hub:usage:{i}": i for i in environment_ids}
+    found = {keys[k]: v for k, v in cache.get_many(list(keys)).items()}
+    missing = [i for i in environment_ids if i not in found]
+    if missing:
+        since = timezone.now() - timedelta(days=USAGE_DAYS)
+        rows = {r["environment_id"]: r for r in (
+            Session.objects.filter(environment_id__in=missing, created_at__gte=since)
+            .values("environment_id").order_by()
+            .annotate(sessions=Count("id"),
+                      scored=Count("id", filter=Q(status__in=ENDED, total_reward__isnull=False)),
+                      passed=Count("id", filter=Q(status__in=ENDED, total_reward__gte=pass_reward()))))}
+        fresh = {}
+        for i in missing:
+            row = rows.get(i) or {"sessions": 0, "scored": 0, "passed": 0}
+            fresh[i] = {"sessions": row["sessions"], "scored": row["scored"],
+                        "pass_rate": row["passed"] / row["scored"] if row["scored"] else None}
+        cache.set_many({f"hub:usage:{i}": v for i, v in fresh.items()}, USAGE_CACHE_SECONDS)
+        found.update(fresh)
+    return found
 
 
 def catalog_teams(*, user) -> list[str]:
@@ -224,3 +257,22 @@ def version_files(*, version: EnvironmentVersion | None) -> list[dict[str, Any]]
     return [{"key": key, "title": title, "mount": mount, "files": listing.files,
              "total_files": listing.total_files, "total_bytes": listing.total_bytes}
             for key, title, mount, listing in found]
+
+
+def version_file(*, version: EnvironmentVersion, path: str) -> package_files.FileText | None:
+    """One file of a version's package (the version comes from environment_for_viewer), as text,
+    size-capped; None for a path that is not a regular file of it (links are never followed)."""
+    if not version.package_path:
+        return None
+    return package_files.read_text(Path(version.package_path), path)
+
+
+def card_facts(*, version: EnvironmentVersion | None) -> dict[str, Any]:
+    """The manifest's licence and compute table, for the environment page (validated at publish:
+    catalog.services._card_fields_validate)."""
+    manifest = (version.manifest if version is not None else None) or {}
+    compute = manifest.get("compute")
+    if isinstance(compute, str):
+        compute = {"notes": compute}
+    return {"license": manifest.get("license") or manifest.get("licence") or "",
+            "compute": sorted((str(k), v) for k, v in compute.items()) if isinstance(compute, dict) else []}

@@ -11,5 +11,7 @@ urlpatterns = [
     path("<slug:team>/<slug:env>/tasks/<str:split>/<int:index>/prompt", views.task_prompt, name="task_prompt"),
     path("<slug:team>/<slug:env>/versions/", views.versions, name="versions"),
     path("<slug:team>/<slug:env>/files/", views.files, name="files"),
+    path("<slug:team>/<slug:env>/versions/<int:number>/files/", views.files, name="version_files"),
+    path("<slug:team>/<slug:env>/versions/<int:number>/files/<path:path>", views.version_file, name="version_file"),
     path("<slug:team>/<slug:env>/diff/", views.diff, name="diff"),
 ]

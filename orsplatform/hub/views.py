@@ -17,7 +17,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from orsplatform.catalog.hidden import redact
 from orsplatform.catalog.models import Environment
-from orsplatform.catalog.selectors import task_text
+from orsplatform.catalog.selectors import rollback_undo, task_text
+from orsplatform.hub import files as package_files
 from orsplatform.hub import selectors
 from orsplatform.hub.diff import version_diff
 from orsplatform.hub.render_limits import RenderBusy, render_slot
@@ -69,6 +70,9 @@ def catalog(request: HttpRequest) -> HttpResponse:
     page = selectors.catalog_page(user=request.user, query=query, team=team, visibility=visibility,
                                   sort=sort or "name", page=_param(request, "page") or 1)
     keep = {k: v for k, v in {"q": query, "team": team, "visibility": visibility, "sort": sort}.items() if v}
+    usage = selectors.catalog_usage(environment_ids=[e.id for e in page.object_list])
+    for env in page.object_list:
+        env.usage = usage.get(env.id)
     return render(request, "hub/catalog.html", {
         "page": page, "environments": page.object_list, "q": query, "team": team, "visibility": visibility,
         "sort": sort or "name", "teams": selectors.catalog_teams(user=request.user),
@@ -123,6 +127,7 @@ def environment(request: HttpRequest, team: str, env: str) -> HttpResponse:
         "readme": selectors.readme_html(version=version), "tools": tools, "splits": splits,
         "snippets": _snippets(request, environment, splits[0].name if splits else None),
         "recent_versions": list(selectors.versions_page(environment=environment, page=1, per_page=5)),
+        "facts": selectors.card_facts(version=version),
     })
 
 
@@ -232,20 +237,49 @@ def task_prompt(request: HttpRequest, team: str, env: str, split: str, index: in
 def versions(request: HttpRequest, team: str, env: str) -> HttpResponse:
     viewer, environment = _environment(request, team, env)
     page = selectors.versions_page(environment=environment, page=_param(request, "page") or 1)
+    can_publish = selectors.can_publish_to(user=request.user, environment=environment)
     return render(request, "hub/versions.html", {
         **_base(request, viewer, environment, "versions"), "page": page, "versions": page.object_list,
-        "can_publish": selectors.can_publish_to(user=request.user, environment=environment),
+        "can_publish": can_publish, "numbers": selectors.version_numbers(environment=environment),
+        # After a rollback from this page: "Undo: serve @M again" (publishers of the team only).
+        "undo": rollback_undo(team_id=environment.team_id, ref=_param(request, "undo")) if can_publish else None,
+    })
+
+
+def _version(environment: Environment, number: int | None):
+    """The version a files page shows: ``number``, else the current one (404 for no such version)."""
+    if number is None:
+        return environment.current_version
+    version = selectors.version_of(environment=environment, number=number) if number < 2**31 else None
+    if version is None:
+        raise Http404("No such version.")
+    return version
+
+
+@require_GET
+def files(request: HttpRequest, team: str, env: str, number: int | None = None) -> HttpResponse:
+    """A version's files with their sizes (the current one without a number): the package, and the
+    data at /orwd_data; each package file opens as text."""
+    viewer, environment = _environment(request, team, env)
+    version = _version(environment, number)
+    return render(request, "hub/files.html", {
+        **_base(request, viewer, environment, "files"), "shown": version,
         "numbers": selectors.version_numbers(environment=environment),
+        "listings": selectors.version_files(version=version),
     })
 
 
 @require_GET
-def files(request: HttpRequest, team: str, env: str) -> HttpResponse:
-    """The current version's files with their sizes: the package, and the data at /orwd_data."""
+def version_file(request: HttpRequest, team: str, env: str, number: int, path: str) -> HttpResponse:
+    """One package file's text (size-capped); a binary file is named, not shown."""
     viewer, environment = _environment(request, team, env)
-    return render(request, "hub/files.html", {
-        **_base(request, viewer, environment, "files"),
-        "listings": selectors.version_files(version=environment.current_version),
+    version = _version(environment, number)
+    found = selectors.version_file(version=version, path=path)
+    if found is None:
+        raise Http404("No such file.")
+    return render(request, "hub/file.html", {
+        **_base(request, viewer, environment, "files"), "shown": version, "file": found,
+        "max_bytes": package_files.MAX_VIEW_BYTES,
     })
 
 

@@ -49,5 +49,12 @@ def api_keys_for_team(*, team: Team) -> list[ApiKey]:
     return list(ApiKey.objects.filter(team=team).select_related("environment__team", "created_by").order_by("-created_at"))
 
 
+def api_key_of_team(*, team_id: int, key_id: int | None) -> ApiKey | None:
+    """The key a request came with (``Caller.api_key_id``), with the user who made it."""
+    if key_id is None:
+        return None
+    return ApiKey.objects.select_related("created_by").filter(team_id=team_id, id=key_id).first()
+
+
 def members_for_team(*, team: Team) -> list[Membership]:
     return list(Membership.objects.filter(team=team).select_related("user").order_by("role", "user__username"))

@@ -136,11 +136,11 @@ def test_a_member_rolls_back_from_the_version_history_and_comes_back_to_it(hub, 
     client = login(member)
     response = client.post("/console/acme/environments/quiz/rollback",
                            {"version": "1", "next": "/environments/acme/quiz/versions/"})
-    assert response.status_code == 302 and response["Location"] == "/environments/acme/quiz/versions/"
+    assert response.status_code == 302 and response["Location"] == "/environments/acme/quiz/versions/?undo=quiz%402"
     hub.private.refresh_from_db()
     assert hub.private.current_version.number == 1
     evil = client.post("/console/acme/environments/quiz/rollback", {"version": "2", "next": "https://evil.example/"})
-    assert evil["Location"] == "/console/acme/environments/"
+    assert evil["Location"] == "/console/acme/environments/?undo=quiz%401"
 
 
 def test_an_outsider_cannot_roll_back_and_sees_no_rollback_button(hub, outsider):

@@ -1,12 +1,25 @@
 from __future__ import annotations
 
+import getpass
 from pathlib import Path
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from orsplatform.catalog.models import Environment
-from orsplatform.catalog.services import PublishError, environment_publish_path
-from orsplatform.teams.models import Team
+from orsplatform.catalog.services import MAX_MESSAGE_CHARS, PublishError, environment_publish_path
+from orsplatform.teams.models import Membership, Team
+
+PUBLISHER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN, Membership.Role.MEMBER)
+
+
+def command_line_publisher() -> str:
+    """Who a command-line publish without --user is recorded as: the account that ran it."""
+    try:
+        who = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's bare uid)
+        who = "unknown user"
+    return f"command line ({who})"
 
 
 class Command(BaseCommand):
@@ -18,12 +31,23 @@ class Command(BaseCommand):
         parser.add_argument("--slug", default=None, help="Environment slug (default: manifest name, else the file name).")
         parser.add_argument("--visibility", choices=Environment.Visibility.values, default=None)
         parser.add_argument("--data", default=None, help="A data archive (.zip, .tar.gz) mounted at /orwd_data.")
+        parser.add_argument("-m", "--message", default="", help="What changed in this version (shown in its history).")
+        parser.add_argument("--user", default=None, help="Publish as this user (an owner, admin or member of the "
+                                                         "team); default: recorded as the command line's account.")
 
     def handle(self, *args, path: str, team: str, slug: str | None, visibility: str | None,
-               data: str | None = None, **options):
+               data: str | None = None, message: str = "", user: str | None = None, **options):
         team_obj = Team.objects.filter(slug=team).first()
         if team_obj is None:
             raise CommandError(f"No team '{team}'.")
+        if len(message) > MAX_MESSAGE_CHARS:
+            raise CommandError(f"The message is {len(message)} characters; the limit is {MAX_MESSAGE_CHARS}.")
+        publisher = None
+        if user is not None:
+            publisher = get_user_model().objects.filter(username=user).first()
+            if publisher is None or not (publisher.is_superuser or Membership.objects.filter(
+                    user=publisher, team=team_obj, role__in=PUBLISHER_ROLES).exists()):
+                raise CommandError(f"No user '{user}' who may publish into team '{team}'.")
         source = Path(path)
         if not source.exists():
             raise CommandError(f"No such file or folder: {path}")
@@ -32,7 +56,9 @@ class Command(BaseCommand):
         try:
             # wait: a package with requirements is built here, its installer's output shown as it goes.
             result = environment_publish_path(team=team_obj, path=source, slug=slug, visibility=visibility,
-                                              wait=True, data_path=Path(data) if data else None)
+                                              wait=True, data_path=Path(data) if data else None, message=message,
+                                              created_by=publisher,
+                                              published_by="" if publisher else command_line_publisher())
         except PublishError as exc:
             # One line; the package's own traceback (never the platform's) with -v 2.
             if exc.traceback and options.get("verbosity", 1) >= 2:
