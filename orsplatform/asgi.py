@@ -19,6 +19,7 @@ from orsplatform.openenv.app import OpenEnvFace  # noqa: E402
 from orsplatform.ors.app import OrsApp  # noqa: E402
 from orsplatform.perimeter.bodies import limit_bodies  # noqa: E402
 from orsplatform.perimeter.descriptors import raise_descriptor_limit  # noqa: E402
+from orsplatform.perimeter.heap import heap_settle  # noqa: E402
 from orsplatform.teams.models import RESERVED_SEGMENTS  # noqa: E402
 
 # The URLconf (every view module, DRF, the schema generator) is imported now: the first Django
@@ -76,3 +77,6 @@ def build_application(ors_app: OrsApp | None = None):
 # shell's soft 1024 (the connection cap keeps a headroom below it; orsplatform/perimeter).
 raise_descriptor_limit()
 application = build_application()
+# Last, once everything the process keeps for its life is loaded: that heap is frozen (never walked
+# by a collection again) and the young generation enlarged, so held sockets cause no periodic stall.
+heap_settle(freeze=settings.ORS_GC_FREEZE, young_threshold=settings.ORS_GC_YOUNG_THRESHOLD)
