@@ -60,6 +60,11 @@ def build_application(ors_app: OrsApp | None = None):
             else:
                 await ors(scope, receive, send)
         elif scope["type"] == "lifespan":
+            # A server starting (uvicorn sends this before it takes connections; an in-process
+            # test client does not): everything the process keeps for its life is loaded, so that
+            # heap is frozen and the young generation enlarged (perimeter/heap.py), and held
+            # sockets cause no periodic full-collection stall.
+            heap_settle(freeze=settings.ORS_GC_FREEZE, young_threshold=settings.ORS_GC_YOUNG_THRESHOLD)
             await ors.lifespan(receive, send)
         elif scope["type"] == "websocket":
             if scope["path"].startswith("/openenv/"):
@@ -77,6 +82,3 @@ def build_application(ors_app: OrsApp | None = None):
 # shell's soft 1024 (the connection cap keeps a headroom below it; orsplatform/perimeter).
 raise_descriptor_limit()
 application = build_application()
-# Last, once everything the process keeps for its life is loaded: that heap is frozen (never walked
-# by a collection again) and the young generation enlarged, so held sockets cause no periodic stall.
-heap_settle(freeze=settings.ORS_GC_FREEZE, young_threshold=settings.ORS_GC_YOUNG_THRESHOLD)
