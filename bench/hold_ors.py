@@ -6,9 +6,8 @@
 The ORS counterpart of ``bench/openenv_compare.py --hold``. A platform is started here (uvicorn with
 the perimeter's protocol, as ``make run``; API keys on, every call in the audit log), then
 ``--hold N`` sessions are opened against it at ``--ramp`` per second: ``create_session`` (SSE),
-``create`` on a task of wordle's test split and ``prompt``, each session with a connection of
-its own (kept between requests up to 4 s, under the server's 5 s keep-alive: so a session that
-calls every 5 s and pings every 10 s mostly reconnects, as an ORS client against `make run` does). Once all are open they are held for ``--duration`` seconds: each calls a tool every
+``create`` on a task of wordle's test split and ``prompt``, each request on a connection of its
+own (a session's requests are seconds apart, past what a keep-alive pool would keep: see Held). Once all are open they are held for ``--duration`` seconds: each calls a tool every
 ``--step-every`` seconds (a ``guess`` of an invalid word, which uses no turn: a real, recorded call
 over SSE that never ends the game) and pings every ``--ping`` seconds (as the ORS client does),
 both jittered. Prints one ``HOLD ors`` summary line (held %, errors, call and ping p50/p99/max, the
@@ -61,7 +60,6 @@ except ImportError:  # pragma: no cover
 
 ENV = "wordle"
 TEST_TASKS = 80  # wordle's test split
-KEEPALIVE_SECONDS = 4.0  # below the server's 5 s keep-alive
 GUESS = orjson.dumps({"name": "guess", "input": {"word": "zz"}})
 
 
@@ -74,11 +72,14 @@ class Held:
 
     def __init__(self, base_url: str, api_key: str, timeout: float) -> None:
         self.base_url = base_url
-        # The server closes a connection idle for 5 s (uvicorn's --timeout-keep-alive under `make
-        # run`); a client that reused one it was closing would fail its request (a keep-alive race,
-        # not a server error), so the client lets its own go after 4 s, as HTTP clients should.
+        # A connection per request. The server closes a connection idle for 5 s (uvicorn's
+        # --timeout-keep-alive under `make run`), and a session's requests are seconds apart: a
+        # client reusing one the server was closing fails its request (a keep-alive race, not a
+        # server error), and a client's idle clock cannot be trusted to start when the server's
+        # did once the load generator itself is behind. An ORS client's pool (httpx: 5 s) would
+        # mostly reconnect between these requests anyway.
         self.http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1, keepalive_timeout=KEEPALIVE_SECONDS),
+            connector=aiohttp.TCPConnector(limit=1, force_close=True),
             timeout=aiohttp.ClientTimeout(total=timeout))
         self.headers = {"Content-Type": "application/json", "X-API-Key": api_key}
         self.sid = ""
