@@ -133,7 +133,7 @@ class Held:
         await self.http.close()
 
 
-async def hold(base_url: str, api_key: str, args: argparse.Namespace) -> dict[str, Any]:
+async def hold(base_url: str, api_key: str, args: argparse.Namespace, server_pid: int | None = None) -> dict[str, Any]:
     stats: dict[str, Any] = {"open_failed": 0, "failed": 0, "ok": 0, "calls": [], "pings": [], "timeline": [],
                              "errors": {}}
     opened, ready = asyncio.Event(), [0]
@@ -201,7 +201,10 @@ async def hold(base_url: str, api_key: str, args: argparse.Namespace) -> dict[st
     window["stop"] = window["start"] + args.duration
     print(f"   all {args.hold} sessions opened in {open_s:.1f}s ({stats['open_failed']} failed); holding", flush=True)
     cpu0 = time.process_time()
+    # The server's CPU while held, per call (pings included): see openenv_compare.py.
+    held_cpu0 = tree_cpu_seconds(server_pid) if server_pid else float("nan")
     await asyncio.gather(*tasks)
+    held_cpu = (tree_cpu_seconds(server_pid) if server_pid else float("nan")) - held_cpu0
     slices: dict[int, list[float]] = {}
     for t, latency in stats["timeline"]:
         slices.setdefault(int((t - window["start"]) // 5) * 5, []).append(latency)
@@ -213,6 +216,7 @@ async def hold(base_url: str, api_key: str, args: argparse.Namespace) -> dict[st
         "call_max_ms": (calls[-1] * 1000) if calls else float("nan"),
         "pings": len(pings), "ping_p50_ms": percentile(pings, 50) * 1000, "ping_p99_ms": percentile(pings, 99) * 1000,
         "errors": stats["errors"], "client_cpu_s": time.process_time() - cpu0,
+        "server_cpu_ms_per_call": held_cpu * 1000 / max(len(calls), 1),
         "timeline": {f"{k}s": {"calls": len(v), "p99_ms": round(percentile(sorted(v), 99) * 1000, 1),
                                "max_ms": round(max(v) * 1000, 1)} for k, v in sorted(slices.items())},
     }
@@ -223,6 +227,7 @@ def summary_line(r: dict[str, Any], load: tuple[float, float]) -> str:
             f"failed={r['failed']} calls/s={r['calls_per_s']:.0f} call_p50={r['call_p50_ms']:.1f}ms "
             f"call_p99={r['call_p99_ms']:.1f}ms call_max={r['call_max_ms']:.1f}ms ping_p50={r['ping_p50_ms']:.1f}ms "
             f"ping_p99={r['ping_p99_ms']:.1f}ms server_cpu={r.get('server_cpu_s', float('nan')):.1f}s "
+            f"server_cpu/call={r['server_cpu_ms_per_call']:.2f}ms "
             f"client_cpu={r['client_cpu_s']:.1f}s load={load[0]:.1f}->{load[1]:.1f}")
 
 
@@ -257,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"every {args.ping:g}s for {args.duration:g}s", flush=True)
                     load0 = os.getloadavg()[0]
                     cpu0 = tree_cpu_seconds(proc.pid)
-                    result = asyncio.run(hold(url, api_key, args))
+                    result = asyncio.run(hold(url, api_key, args, proc.pid))
                     result["server_cpu_s"] = tree_cpu_seconds(proc.pid) - cpu0
                     load = (load0, os.getloadavg()[0])
         except SetupError as exc:

@@ -333,7 +333,7 @@ def run_hold(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         print(f"-- platform: {args.hold} sockets, a step every {args.step_every:g}s for {args.duration:g}s",
               flush=True)
         load0, cpu0 = os.getloadavg()[0], tree_cpu_seconds(proc.pid)
-        result = asyncio.run(_hold_main(f"{url}/openenv/builtin/wordle", {"X-API-Key": key}, args))
+        result = asyncio.run(_hold_main(f"{url}/openenv/builtin/wordle", {"X-API-Key": key}, args, proc.pid))
         result["server_cpu_s"] = tree_cpu_seconds(proc.pid) - cpu0
         result["load"] = (load0, os.getloadavg()[0])
         with contextlib.suppress(Exception):
@@ -341,7 +341,8 @@ def run_hold(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return result
 
 
-async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace,
+                     server_pid: int | None = None) -> dict[str, Any]:
     stats: dict[str, Any] = {"steps": 0, "step_errors": 0, "open_failed": 0, "sessions_ok": 0, "latencies": [],
                              "errors": {}, "timeline": []}
     opened = asyncio.Event()
@@ -363,7 +364,11 @@ async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace
     gc.freeze()
     window["stop"] = time.monotonic() + args.duration
     print(f"   all {args.hold} sockets opened and reset in {open_s:.1f}s; holding", flush=True)
+    # The server's CPU (its sandbox workers included) while held: per step, a figure the load of
+    # other work on the machine barely moves, unlike the latencies.
+    held_cpu0 = tree_cpu_seconds(server_pid) if server_pid else float("nan")
     await asyncio.gather(*tasks)
+    held_cpu = (tree_cpu_seconds(server_pid) if server_pid else float("nan")) - held_cpu0
     lat = stats.pop("latencies")
     step_max = max(lat) * 1000 if lat else float("nan")
     # Per 5-second slice of the window: steps started, their p99 and max (where slow steps cluster).
@@ -377,7 +382,7 @@ async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace
             "sessions_ok": stats["sessions_ok"], "success_rate": stats["sessions_ok"] / args.hold,
             "steps": stats["steps"], "step_errors": stats["step_errors"], "steps_per_s": stats["steps"] / args.duration,
             "step_p50_ms": pct(lat, 50), "step_p99_ms": pct(lat, 99), "step_max_ms": step_max,
-            "errors": stats["errors"],
+            "errors": stats["errors"], "server_cpu_ms_per_step": held_cpu * 1000 / max(stats["steps"], 1),
             "client_cpu_s": time.process_time() - cpu0, "timeline": timeline}
 
 
@@ -432,7 +437,8 @@ def hold_line(r: dict[str, Any]) -> str:
     return (f"HOLD openenv sockets={r['sessions']} held={100 * r['success_rate']:.1f}% open_failed={r['open_failed']} "
             f"failed={r['step_errors']} steps/s={r['steps_per_s']:.0f} step_p50={r['step_p50_ms']:.1f}ms "
             f"step_p99={r['step_p99_ms']:.1f}ms step_max={r['step_max_ms']:.1f}ms "
-            f"server_cpu={r.get('server_cpu_s', float('nan')):.1f}s client_cpu={r['client_cpu_s']:.1f}s "
+            f"server_cpu={r.get('server_cpu_s', float('nan')):.1f}s "
+            f"server_cpu/step={r.get('server_cpu_ms_per_step', float('nan')):.2f}ms client_cpu={r['client_cpu_s']:.1f}s "
             f"load={load[0]:.1f}->{load[1]:.1f}")
 
 
