@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -325,18 +326,23 @@ def format_row(label: str, r: dict[str, Any]) -> str:
 
 
 def run_hold(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    gc.set_threshold(50_000, *gc.get_threshold()[1:])  # as the server's (orsplatform/perimeter/heap.py)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, args.hold * 2 + 256)), hard))
-    with database(args, workdir) as db, platform_server(db, workdir, args.startup_timeout) as (url, key, _):
+    with database(args, workdir) as db, platform_server(db, workdir, args.startup_timeout) as (url, key, proc):
         print(f"-- platform: {args.hold} sockets, a step every {args.step_every:g}s for {args.duration:g}s",
               flush=True)
-        result = asyncio.run(_hold_main(f"{url}/openenv/builtin/wordle", {"X-API-Key": key}, args))
+        load0, cpu0 = os.getloadavg()[0], tree_cpu_seconds(proc.pid)
+        result = asyncio.run(_hold_main(f"{url}/openenv/builtin/wordle", {"X-API-Key": key}, args, proc.pid))
+        result["server_cpu_s"] = tree_cpu_seconds(proc.pid) - cpu0
+        result["load"] = (load0, os.getloadavg()[0])
         with contextlib.suppress(Exception):
             result["server_log_tail"] = (workdir / "platform-uvicorn.log").read_text()[-2000:]
     return result
 
 
-async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace,
+                     server_pid: int | None = None) -> dict[str, Any]:
     stats: dict[str, Any] = {"steps": 0, "step_errors": 0, "open_failed": 0, "sessions_ok": 0, "latencies": [],
                              "errors": {}, "timeline": []}
     opened = asyncio.Event()
@@ -352,10 +358,19 @@ async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace
     tasks = [asyncio.create_task(one(k)) for k in range(args.hold)]
     await opened.wait()
     open_s = time.monotonic() - t0
+    # The load generator's own held clients are frozen too: its full collections would otherwise
+    # stall every socket's step as the server's did (a benchmark process; nothing it holds leaks).
+    gc.collect()
+    gc.freeze()
     window["stop"] = time.monotonic() + args.duration
     print(f"   all {args.hold} sockets opened and reset in {open_s:.1f}s; holding", flush=True)
+    # The server's CPU (its sandbox workers included) while held: per step, a figure the load of
+    # other work on the machine barely moves, unlike the latencies.
+    held_cpu0 = tree_cpu_seconds(server_pid) if server_pid else float("nan")
     await asyncio.gather(*tasks)
+    held_cpu = (tree_cpu_seconds(server_pid) if server_pid else float("nan")) - held_cpu0
     lat = stats.pop("latencies")
+    step_max = max(lat) * 1000 if lat else float("nan")
     # Per 5-second slice of the window: steps started, their p99 and max (where slow steps cluster).
     start = window["stop"] - args.duration
     slices: dict[int, list[float]] = {}
@@ -366,7 +381,8 @@ async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace
     return {"sessions": args.hold, "open_s": open_s, "open_failed": stats["open_failed"],
             "sessions_ok": stats["sessions_ok"], "success_rate": stats["sessions_ok"] / args.hold,
             "steps": stats["steps"], "step_errors": stats["step_errors"], "steps_per_s": stats["steps"] / args.duration,
-            "step_p50_ms": pct(lat, 50), "step_p99_ms": pct(lat, 99), "errors": stats["errors"],
+            "step_p50_ms": pct(lat, 50), "step_p99_ms": pct(lat, 99), "step_max_ms": step_max,
+            "errors": stats["errors"], "server_cpu_ms_per_step": held_cpu * 1000 / max(stats["steps"], 1),
             "client_cpu_s": time.process_time() - cpu0, "timeline": timeline}
 
 
@@ -415,6 +431,17 @@ async def _held_window(url: str, headers: dict[str, str], every: float, window: 
         await client.close()
 
 
+def hold_line(r: dict[str, Any]) -> str:
+    """The one-line summary of a hold run (as bench/hold_ors.py prints for ORS sessions)."""
+    load = r.get("load", (float("nan"), float("nan")))
+    return (f"HOLD openenv sockets={r['sessions']} held={100 * r['success_rate']:.1f}% open_failed={r['open_failed']} "
+            f"failed={r['step_errors']} steps/s={r['steps_per_s']:.0f} step_p50={r['step_p50_ms']:.1f}ms "
+            f"step_p99={r['step_p99_ms']:.1f}ms step_max={r['step_max_ms']:.1f}ms "
+            f"server_cpu={r.get('server_cpu_s', float('nan')):.1f}s "
+            f"server_cpu/step={r.get('server_cpu_ms_per_step', float('nan')):.2f}ms client_cpu={r['client_cpu_s']:.1f}s "
+            f"load={load[0]:.1f}->{load[1]:.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="math", help="bundled environment for compare mode (needs submit/answer)")
@@ -447,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hold:
         summary = {k: v for k, v in result.items() if k != "server_log_tail"}
         print(json.dumps(summary, indent=2, default=str))
+        print(hold_line(result), flush=True)
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=2, default=str))
     return 0

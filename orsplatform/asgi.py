@@ -19,6 +19,7 @@ from orsplatform.openenv.app import OpenEnvFace  # noqa: E402
 from orsplatform.ors.app import OrsApp  # noqa: E402
 from orsplatform.perimeter.bodies import limit_bodies  # noqa: E402
 from orsplatform.perimeter.descriptors import raise_descriptor_limit  # noqa: E402
+from orsplatform.perimeter.heap import heap_settle  # noqa: E402
 from orsplatform.teams.models import RESERVED_SEGMENTS  # noqa: E402
 
 # The URLconf (every view module, DRF, the schema generator) is imported now: the first Django
@@ -59,6 +60,11 @@ def build_application(ors_app: OrsApp | None = None):
             else:
                 await ors(scope, receive, send)
         elif scope["type"] == "lifespan":
+            # A server starting (uvicorn sends this before it takes connections; an in-process
+            # test client does not): everything the process keeps for its life is loaded, so that
+            # heap is frozen and the young generation enlarged (perimeter/heap.py), and held
+            # sockets cause no periodic full-collection stall.
+            heap_settle(freeze=settings.ORS_GC_FREEZE, young_threshold=settings.ORS_GC_YOUNG_THRESHOLD)
             await ors.lifespan(receive, send)
         elif scope["type"] == "websocket":
             if scope["path"].startswith("/openenv/"):

@@ -270,6 +270,10 @@ _num("ORS_MAX_CONNECTIONS", 32768, "Client connections one process keeps (idle o
 _num("ORS_FD_HEADROOM", 256, "Never closer than this to the open-files limit.")
 _num("ORS_CONNECTION_RESERVE", 256, "Places kept for everyone else when WebSockets fill the cap (/health).")
 _num("ORS_MAX_REQUEST_BYTES", 1 * MiB, "Django paths: body limit (upload routes have their own).")
+_add("ORS_GC_FREEZE", "bool", True, "Freeze the server's start-up heap at lifespan startup, so full garbage "
+     "collections skip it (docs/many-sockets.md).")
+_num("ORS_GC_YOUNG_THRESHOLD", 50_000, "Objects in the youngest GC generation before a young collection "
+     "(CPython's default is 700); 0 keeps CPython's value.")
 _num("ORS_ROLLOUT_MAX_BODY_BYTES", 2 * MiB, "The Rollout API: a body as sent (docs/runs.md).")
 _num("ORS_ROLLOUT_MAX_JSON_BYTES", 16 * MiB, "The Rollout API: a gzipped body once decompressed.")
 _num("ORS_ROLLOUT_WRITER_THREADS", 8, "Threads writing Rollout API batches at once.", minimum=1)

@@ -247,6 +247,12 @@ ORS_MAX_CONNECTIONS = env["ORS_MAX_CONNECTIONS"]
 ORS_FD_HEADROOM = env["ORS_FD_HEADROOM"]
 ORS_CONNECTION_RESERVE = env["ORS_CONNECTION_RESERVE"]
 ORS_MAX_REQUEST_BYTES = env["ORS_MAX_REQUEST_BYTES"]
+# The server's garbage collector (orsplatform/perimeter/heap.py): the start-up heap frozen, and a
+# young generation of ORS_GC_YOUNG_THRESHOLD objects (CPython's default is 700), so full collections
+# of a heap holding thousands of sockets are rare instead of a stall every few seconds. 0 keeps
+# CPython's threshold.
+ORS_GC_FREEZE = env["ORS_GC_FREEZE"]
+ORS_GC_YOUNG_THRESHOLD = env["ORS_GC_YOUNG_THRESHOLD"]
 # The Rollout API (POST /v1/rollouts, docs/runs.md): the openreward client's batches are at most
 # 1 MB of events (one larger event goes alone), so a body may be 2 MiB as sent (still held in
 # memory, FILE_UPLOAD_MAX_MEMORY_SIZE) and, gzipped, 16 MiB once decompressed.

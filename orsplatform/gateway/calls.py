@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -37,12 +38,23 @@ class CallRunner:
         self.executor = executor
         self.store = store
         self.spawn = spawn
+        # Finished calls kept for reconnects, oldest first: (finished_at, its session's calls,
+        # task id). The reaper drops the expired from the front, so its cost is the calls that
+        # expire, not every call of every open session.
+        self.lingering: deque[tuple[float, dict[str, CallEntry], str]] = deque()
 
-    def start(self, live: LiveSession, name: str, tool_input: dict) -> CallEntry:
-        entry = CallEntry(task_id=uuid.uuid4().hex)
+    def start(self, live: LiveSession, name: str, tool_input: dict, *, lingers: bool = True) -> CallEntry:
+        entry = CallEntry(task_id=uuid.uuid4().hex, lingers=lingers)
         live.calls[entry.task_id] = entry
         entry.task = self.spawn(self._run(live, entry, name, tool_input))
         return entry
+
+    def expire(self, now: float, linger: float) -> None:
+        """Drop the finished calls kept longer than `linger` seconds."""
+        lingering = self.lingering
+        while lingering and now - lingering[0][0] > linger:
+            _, calls, task_id = lingering.popleft()
+            calls.pop(task_id, None)
 
     async def _run(self, live: LiveSession, entry: CallEntry, name: str, tool_input: dict) -> None:
         # Whatever happens below, the waiting stream must end: `done` is set in the finally.
@@ -85,6 +97,10 @@ class CallRunner:
         finally:
             entry.finished_at = time.monotonic()
             live.touch()
+            if entry.lingers:
+                self.lingering.append((entry.finished_at, live.calls, entry.task_id))
+            else:
+                live.calls.pop(entry.task_id, None)
             entry.done.set()
         if recorded:
             # After the stream is woken: the client does not wait for this clean-up.

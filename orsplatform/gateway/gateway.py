@@ -443,16 +443,19 @@ class EpisodeGateway:
             raise GatewayError(500, redact(f"list_task_tools failed: {type(exc).__name__}: {exc}",
                                            live.secrets)) from None
 
-    async def start_call(self, caller: Caller, live: LiveSession, name: str, tool_input: dict) -> CallEntry:
+    async def start_call(self, caller: Caller, live: LiveSession, name: str, tool_input: dict, *,
+                         lingers: bool = True) -> CallEntry:
         """Start a tool call and return at once; `entry.done` is set when its result is recorded.
         Raises GatewayError (429 over the team's call rate, setup errors)."""
         await self.limits.take_call_token(caller.team_id, caller.max_tool_calls_per_second)
         await self.ready(live)
-        return self.calls.start(live, name, tool_input)
+        return self.calls.start(live, name, tool_input, lingers=lingers)
 
     async def call(self, caller: Caller, live: LiveSession, name: str, tool_input: dict) -> CallEntry:
-        """A tool call, awaited (for faces that answer with the whole outcome)."""
-        entry = await self.start_call(caller, live, name, tool_input)
+        """A tool call, awaited (for faces that answer with the whole outcome). Nothing reconnects
+        to it by task id, so it is not kept once finished: thousands of held sockets stepping every
+        few seconds would otherwise keep a few hundred thousand finished entries in memory."""
+        entry = await self.start_call(caller, live, name, tool_input, lingers=False)
         await entry.done.wait()
         return entry
 
@@ -569,11 +572,7 @@ class EpisodeGateway:
             elif now - live.last_activity > timeout and not live.busy():
                 log.info("session %s expired after %.0f s idle", live.sid, now - live.last_activity)
                 await self.end_session(live, Session.Status.EXPIRED)
-                continue
-            linger = settings.ORS_RESULT_LINGER_SECONDS
-            for task_id, entry in list(live.calls.items()):
-                if entry.finished_at is not None and now - entry.finished_at > linger:
-                    live.calls.pop(task_id, None)
+        self.calls.expire(now, settings.ORS_RESULT_LINGER_SECONDS)
         for sid, pending in list(self.pending.items()):
             if now - pending.created > max(timeout, 600):
                 self.pending.pop(sid, None)

@@ -34,6 +34,7 @@ return allowed
 """
 
 SLOT_LEASE_SECONDS = 120
+RENEW_CHUNK = 1000  # sessions per ZADD when a gateway vouches for its open sessions
 
 _ACQUIRE_SLOT = """
 local now, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -95,9 +96,17 @@ class Limits:
         if self._redis is None or not sessions:
             return
         now = time.time()
+        by_team: dict[int, dict[str, float]] = {}
+        for team_id, sid in sessions:
+            by_team.setdefault(team_id, {})[sid] = now
+        # One ZADD per team and RENEW_CHUNK sessions, not one per session: with thousands of
+        # sessions open, encoding a command each held the event loop for a good part of a second.
+        keys = Keys(settings.ORS_REDIS_PREFIX)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for team_id, sid in sessions:
-                pipe.zadd(Keys(settings.ORS_REDIS_PREFIX).slots(team_id), {sid: now}, xx=True)
+            for team_id, members in by_team.items():
+                sids = list(members)
+                for start in range(0, len(sids), RENEW_CHUNK):
+                    pipe.zadd(keys.slots(team_id), {sid: now for sid in sids[start:start + RENEW_CHUNK]}, xx=True)
             await pipe.execute()
 
     async def take_call_token(self, team_id: int | None, rate: int | None) -> None:

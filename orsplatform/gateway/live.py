@@ -25,6 +25,9 @@ class CallEntry:
     exception: str | None = None  # set instead when the environment's code raised
     finished_at: float | None = None
     task: asyncio.Task | None = None
+    # Kept ORS_RESULT_LINGER_SECONDS after it finishes, for a reconnect by task id (ORS streams);
+    # a call its face awaits whole (OpenEnv, evaluations) has none and goes when it finishes.
+    lingers: bool = True
 
     def outcome(self) -> tuple[dict | None, str | None]:
         """(the wire result, None) or (None, the error) of a finished call."""
