@@ -67,8 +67,7 @@ worker: install
 	$(PY) -m celery -A orsplatform worker --beat --pool threads --concurrency 4 --loglevel info
 
 runner: install sandbox-deps
-	env -u DATABASE_URL -u SECRET_KEY $(PY) -m celery -A orsplatform.runners.node worker --pool threads \
-		--concurrency 8 --hostname $(RUNNER)@%h --without-mingle --without-gossip --loglevel info
+	env -u DATABASE_URL -u SECRET_KEY $(PY) -m orsplatform.runners.node --hostname $(RUNNER)@%h --loglevel info
 
 lint: install
 	$(PY) -m ruff check .
