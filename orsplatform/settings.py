@@ -172,9 +172,20 @@ SPECTACULAR_SETTINGS = {
 REDIS_URL = os.environ.get("REDIS_URL", "")
 ORS_REDIS_PREFIX = os.environ.get("ORS_REDIS_PREFIX", "ors")  # namespaces shared limit counters
 
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "memory://")
-# Without a broker (the embedded default) tasks run eagerly, in the caller's process.
-CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", not os.environ.get("CELERY_BROKER_URL"))
+# Background work always goes through the broker to a worker (docs/runner-nodes.md). Without Redis
+# or a broker configured (the embedded default), the broker is Celery's filesystem transport: a
+# folder, nothing to install or start; `make run` starts a worker with beat on it beside the server.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
+ORS_BROKER_DIR = Path(os.environ.get("ORS_BROKER_DIR", VAR_DIR / "broker"))
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # One folder both ways: every process (server, worker) sends and receives on it.
+        "data_folder_in": str(ORS_BROKER_DIR / "queue"), "data_folder_out": str(ORS_BROKER_DIR / "queue"),
+        "control_folder": str(ORS_BROKER_DIR / "control"),
+    }
+    (ORS_BROKER_DIR / "queue").mkdir(parents=True, exist_ok=True)
+# Only tests set this (tests/conftest.py runs their tasks in the caller): it is no mode of the platform.
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")  # platform tasks
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -182,14 +193,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Where environments run: "inline" (in the server's process, under the sandbox) or "celery" (on
+# runner nodes, docs/runner-nodes.md).
+ORS_EXECUTOR = os.environ.get("ORS_EXECUTOR", "inline")
 CELERY_BEAT_SCHEDULE: dict = {
-    # The celery executor's housekeeping (no-ops with the inline executor: no runner sessions).
-    "reap-idle-sessions": {"task": "runners.reap_idle_sessions",
-                           "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
-    "fail-lost-runners": {"task": "runners.fail_lost_runners",
-                          "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
-    "finish-orphaned-calls": {"task": "runners.finish_orphaned_calls",
-                              "schedule": env_float("ORS_SWEEP_EVERY_SECONDS", 30.0)},
     # Folds new tool calls into the analytics rollups (bounded batches; a backlog re-queues itself).
     "analytics-rollup": {"task": "analytics.rollup_tool_calls", "schedule": 30.0},
     # Builds whose process died end as failed; Python environments no version uses are removed.
@@ -201,6 +208,16 @@ CELERY_BEAT_SCHEDULE: dict = {
     # Reward-hacking and anomaly flags over the recent episodes (bounded: ORS_FLAGS_MAX_SESSIONS a pass).
     "compute-flags": {"task": "flags.compute", "schedule": env_float("ORS_FLAGS_EVERY_SECONDS", 300.0)},
 }
+if ORS_EXECUTOR == "celery":
+    # The celery executor's housekeeping, over Redis (the inline executor has no runner sessions).
+    CELERY_BEAT_SCHEDULE |= {
+        "reap-idle-sessions": {"task": "runners.reap_idle_sessions",
+                               "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
+        "fail-lost-runners": {"task": "runners.fail_lost_runners",
+                              "schedule": env_float("ORS_REAP_EVERY_SECONDS", 5.0)},
+        "finish-orphaned-calls": {"task": "runners.finish_orphaned_calls",
+                                  "schedule": env_float("ORS_SWEEP_EVERY_SECONDS", 30.0)},
+    }
 
 # --- Flags (orsplatform/flags/services.py says what each one means) ---------------------------------
 ORS_FLAGS_WINDOW_DAYS = env_float("ORS_FLAGS_WINDOW_DAYS", 7.0)
@@ -212,7 +229,6 @@ ORS_FLAGS_MIN_CALLS = int(env_float("ORS_FLAGS_MIN_CALLS", 20))
 ORS_FLAGS_ERROR_RATE = env_float("ORS_FLAGS_ERROR_RATE", 0.2)
 
 # --- ORS platform settings ------------------------------------------------------------------------
-ORS_EXECUTOR = os.environ.get("ORS_EXECUTOR", "inline")
 # Idle sessions are torn down after this long without a request carrying their id (ORS: 15 min).
 ORS_IDLE_TIMEOUT_SECONDS = env_float("ORS_IDLE_TIMEOUT_SECONDS", 15 * 60)
 ORS_REAPER_INTERVAL_SECONDS = env_float("ORS_REAPER_INTERVAL_SECONDS", 5.0)

@@ -3,6 +3,10 @@ import uuid
 
 # Shared limit counters in Redis (CI sets REDIS_URL) must not leak between test runs.
 os.environ.setdefault("ORS_REDIS_PREFIX", f"ors-test-{uuid.uuid4().hex[:8]}")
+# Test configuration, not a mode of the platform: a task queued by the code under test runs in the
+# caller (and in the servers tests start, which inherit this). Tests of background work as it
+# really runs start a worker (tests/fixtures/celery.py: Cluster, EmbeddedStack).
+os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "true")
 
 pytest_plugins = [
     "tests.fixtures.database",
