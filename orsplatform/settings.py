@@ -175,7 +175,7 @@ ORS_REDIS_PREFIX = os.environ.get("ORS_REDIS_PREFIX", "ors")  # namespaces share
 # Background work always goes through the broker to a worker (docs/runner-nodes.md). Without Redis
 # or a broker configured (the embedded default), the broker is Celery's filesystem transport: a
 # folder, nothing to install or start; `make run` starts a worker with beat on it beside the server.
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL or "filesystem://localhost/")
 ORS_BROKER_DIR = Path(os.environ.get("ORS_BROKER_DIR", VAR_DIR / "broker"))
 if CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {
