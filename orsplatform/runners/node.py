@@ -377,11 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         consumer.result(timeout=5)  # its pop returns within a second of the stop
     except Exception as exc:  # noqa: BLE001 - shutting down anyway
-        log.warning("inbox reader did not stop cleanly: %s", exc)
+        log.warning("inbox reader did not stop cleanly: %r", exc)
     try:  # sessions end with their node: their sandbox workers go with it, not orphaned
         asyncio.run_coroutine_threadsafe(node.executor.close(), node.loop).result(timeout=10)
     except Exception as exc:  # noqa: BLE001 - shutting down anyway
-        log.warning("executor did not close cleanly: %s", exc)
+        log.warning("executor did not close cleanly: %r", exc)
     return 0
 
 
