@@ -35,7 +35,11 @@ def quiz(owner):
 
 @pytest.fixture
 def server(tmp_path, settings, build_dirs):
-    proc = start_server(tmp_path, ORS_UPLOAD_DIR=str(settings.ORS_UPLOAD_DIR), **build_dirs)
+    # The embedded default, as `make run` runs it: the filesystem broker (so the start-up command
+    # knows that nothing of the killed server's can still be in flight).
+    settings.CELERY_BROKER_URL = "filesystem://localhost/"
+    proc = start_server(tmp_path, ORS_UPLOAD_DIR=str(settings.ORS_UPLOAD_DIR), CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+                        ORS_BROKER_DIR=str(tmp_path / "broker"), **build_dirs)
     yield proc
     proc.stop()
 
@@ -164,7 +168,7 @@ def test_the_startup_command_fails_a_build_the_embedded_worker_was_running(owner
                         {"package": SimpleUploadedFile("needy.zip", package)})
     assert r.status_code == 202
     # The embedded default: the filesystem broker, whose only worker `make run` starts after this.
-    settings.CELERY_BROKER_URL = "filesystem://"
+    settings.CELERY_BROKER_URL = "filesystem://localhost/"
     call_command("cleanup_staged", "--startup", stdout=io.StringIO())
     version = EnvironmentVersion.objects.get(environment__slug="needy")
     assert version.status == EnvironmentVersion.Status.FAILED and "stopped without finishing" in version.error
