@@ -42,11 +42,21 @@ devkey: publish
 # The perimeter's protocol: httptools with a header deadline and a connection cap (docs/perimeter.md).
 # cleanup_staged --startup: what a killed server left (staged uploads, ingests and builds it was
 # running) is removed or failed before the server serves again (docs/uploads.md).
+# Without REDIS_URL or CELERY_BROKER_URL (the embedded default) the platform worker with beat runs
+# beside the server on the filesystem broker (a folder: nothing to install or start), so builds,
+# replays, evaluation runs and every scheduled task run here too, and it stops with the server
+# (docs/runner-nodes.md). With a broker, the worker is started on its own (`make worker`).
+WORKER_CMD = $(PY) -m celery -A orsplatform worker --beat --pool threads --concurrency 4 \
+	--schedule var/celerybeat-schedule --without-mingle --without-gossip
+SERVER_CMD = $(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
+	--loop uvloop --http orsplatform.perimeter.connections:PerimeterHttpToolsProtocol \
+	--no-access-log --timeout-graceful-shutdown 5
 run: sandbox-deps publish devkey
 	$(PY) manage.py cleanup_staged --startup
-	$(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
-		--loop uvloop --http orsplatform.perimeter.connections:PerimeterHttpToolsProtocol \
-		--no-access-log --timeout-graceful-shutdown 5
+	@if [ -n "$$REDIS_URL$$CELERY_BROKER_URL" ]; then exec $(SERVER_CMD); fi; \
+	$(WORKER_CMD) --loglevel warning & worker=$$!; \
+	trap 'kill $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
+	$(SERVER_CMD)
 
 test: install sandbox-deps browser-deps proxy-deps
 	$(PY) -m pytest
@@ -71,11 +81,11 @@ bench-executors: install sandbox-deps
 # the platform worker with beat, and a runner node (start several with different RUNNER names).
 RUNNER ?= runner1
 worker: install
-	$(PY) -m celery -A orsplatform worker --beat --pool threads --concurrency 4 --loglevel info
+	mkdir -p var
+	$(WORKER_CMD) --loglevel info
 
 runner: install sandbox-deps
-	env -u DATABASE_URL -u SECRET_KEY $(PY) -m celery -A orsplatform.runners.node worker --pool threads \
-		--concurrency 8 --hostname $(RUNNER)@%h --without-mingle --without-gossip --loglevel info
+	env -u DATABASE_URL -u SECRET_KEY $(PY) -m orsplatform.runners.node --hostname $(RUNNER)@%h --loglevel info
 
 lint: install
 	$(PY) -m ruff check .

@@ -119,12 +119,10 @@ def measure_with_cpu(name: str, url: str, key: str | None, load: LoadConfig,
 
 def start_runner(name: str, prefix: str, workdir: Path) -> subprocess.Popen:
     environ = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
-    environ.update(REDIS_URL=REDIS_URL, CELERY_BROKER_URL=REDIS_URL, ORS_REDIS_PREFIX=prefix)
+    environ.update(REDIS_URL=REDIS_URL, ORS_REDIS_PREFIX=prefix)
     log = (workdir / f"{name}.log").open("wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "orsplatform.runners.node", "worker", "--pool", "threads",
-         "--concurrency", "8", "--hostname", f"{name}@{prefix}", "--loglevel", "warning",
-         "--without-mingle", "--without-gossip"],
+        [sys.executable, "-m", "orsplatform.runners.node", "--hostname", f"{name}@{prefix}", "--loglevel", "warning"],
         cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 

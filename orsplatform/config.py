@@ -197,11 +197,14 @@ _add("REDIS_URL", "str", "", "Shared limits across gateway processes; the celery
      node=True)
 _add("ORS_REDIS_PREFIX", "str", "ors", "Namespaces every Redis key (limit counters, runner records).",
      node=True)
-_add("CELERY_BROKER_URL", "str", lambda got: got["REDIS_URL"] or "memory://",
-     "Celery's broker. Runner nodes use it too (default: REDIS_URL).", secret=True, node=True,
-     shown="REDIS_URL, else `memory://`")
-_add("CELERY_TASK_ALWAYS_EAGER", "bool", lambda got: not got["_environ"].get("CELERY_BROKER_URL"),
-     "Run platform tasks in the caller's process.", shown="on unless CELERY_BROKER_URL is set")
+_add("CELERY_BROKER_URL", "str", lambda got: got["REDIS_URL"] or "filesystem://localhost/",
+     "Celery's broker (platform tasks, builds, replays, scheduled work; runner nodes do not use it). "
+     "Without one, Celery's filesystem transport in ORS_BROKER_DIR, which `make run`'s worker reads.",
+     secret=True, shown="REDIS_URL, else `filesystem://localhost/`")
+_add("ORS_BROKER_DIR", "path", _var("broker"), "The embedded default's broker folder (filesystem transport).",
+     shown="`var/broker`")
+_add("CELERY_TASK_ALWAYS_EAGER", "bool", False, "Tests only: run platform tasks in the caller's process "
+     "(tests/conftest.py). No mode of the platform.")
 _add("CELERY_TASK_DEFAULT_QUEUE", "str", "celery", "The queue of platform tasks (ingest, builds, rollups).")
 _add("ORS_PACKAGE_DIR", "path", _var("packages"), "Stored environment packages (shared with runner nodes).",
      shown="`var/packages`")
@@ -255,6 +258,8 @@ _num("ORS_RUNNER_HEARTBEAT_SECONDS", 1.0, "How often a runner node writes its he
 _num("ORS_RUNNER_HEARTBEAT_TTL", 5.0, "A heartbeat's lifetime in Redis.", node=True)
 _num("ORS_STATE_TTL_SECONDS", 86400, "Session records kept in Redis.", node=True)
 _num("ORS_RESULT_TTL_SECONDS", 3600, "Runners' results kept in Redis.", node=True)
+_add("ORS_RUNNER_NAME", "str", "runner@%h", "A runner node's name (`--hostname` default; %h is the host).",
+     node=True)
 _add("ORS_RUNNER_TEAM", "str", "", "A node dedicated to one team (its slug) runs only that team's "
      "sessions; empty: the shared pool.", node=True)
 _num("ORS_ORPHAN_AFTER_SECONDS", 30.0, "A running call its gateway has not recorded after this long is "

@@ -165,8 +165,19 @@ SPECTACULAR_SETTINGS = {
 REDIS_URL = env["REDIS_URL"]
 ORS_REDIS_PREFIX = env["ORS_REDIS_PREFIX"]  # namespaces shared limit counters
 
+# Background work always goes through the broker to a worker (docs/runner-nodes.md). Without Redis
+# or a broker configured (the embedded default), the broker is Celery's filesystem transport: a
+# folder, nothing to install or start; `make run` starts a worker with beat on it beside the server.
 CELERY_BROKER_URL = env["CELERY_BROKER_URL"]
-# Without a broker (the embedded default) tasks run eagerly, in the caller's process.
+ORS_BROKER_DIR = env["ORS_BROKER_DIR"]
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # One folder both ways: every process (server, worker) sends and receives on it.
+        "data_folder_in": str(ORS_BROKER_DIR / "queue"), "data_folder_out": str(ORS_BROKER_DIR / "queue"),
+        "control_folder": str(ORS_BROKER_DIR / "control"),
+    }
+    (ORS_BROKER_DIR / "queue").mkdir(parents=True, exist_ok=True)
+# Only tests set this (tests/conftest.py runs their tasks in the caller): it is no mode of the platform.
 CELERY_TASK_ALWAYS_EAGER = env["CELERY_TASK_ALWAYS_EAGER"]
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_DEFAULT_QUEUE = env["CELERY_TASK_DEFAULT_QUEUE"]  # platform tasks
@@ -175,14 +186,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Where environments run: "inline" (in the server's process, under the sandbox) or "celery" (on
+# runner nodes, docs/runner-nodes.md).
+ORS_EXECUTOR = env["ORS_EXECUTOR"]
 CELERY_BEAT_SCHEDULE: dict = {
-    # The celery executor's housekeeping (no-ops with the inline executor: no runner sessions).
-    "reap-idle-sessions": {"task": "runners.reap_idle_sessions",
-                           "schedule": env["ORS_REAP_EVERY_SECONDS"]},
-    "fail-lost-runners": {"task": "runners.fail_lost_runners",
-                          "schedule": env["ORS_REAP_EVERY_SECONDS"]},
-    "finish-orphaned-calls": {"task": "runners.finish_orphaned_calls",
-                              "schedule": env["ORS_SWEEP_EVERY_SECONDS"]},
     # Folds new tool calls into the analytics rollups (bounded batches; a backlog re-queues itself).
     "analytics-rollup": {"task": "analytics.rollup_tool_calls", "schedule": 30.0},
     # Builds whose process died end as failed; Python environments no version uses are removed.
@@ -194,6 +201,16 @@ CELERY_BEAT_SCHEDULE: dict = {
     # Reward-hacking and anomaly flags over the recent episodes (bounded: ORS_FLAGS_MAX_SESSIONS a pass).
     "compute-flags": {"task": "flags.compute", "schedule": env["ORS_FLAGS_EVERY_SECONDS"]},
 }
+if ORS_EXECUTOR == "celery":
+    # The celery executor's housekeeping, over Redis (the inline executor has no runner sessions).
+    CELERY_BEAT_SCHEDULE |= {
+        "reap-idle-sessions": {"task": "runners.reap_idle_sessions",
+                               "schedule": env["ORS_REAP_EVERY_SECONDS"]},
+        "fail-lost-runners": {"task": "runners.fail_lost_runners",
+                              "schedule": env["ORS_REAP_EVERY_SECONDS"]},
+        "finish-orphaned-calls": {"task": "runners.finish_orphaned_calls",
+                                  "schedule": env["ORS_SWEEP_EVERY_SECONDS"]},
+    }
 
 # --- Flags (orsplatform/flags/services.py says what each one means) ---------------------------------
 ORS_FLAGS_WINDOW_DAYS = env["ORS_FLAGS_WINDOW_DAYS"]
@@ -208,7 +225,6 @@ ORS_FLAGS_ERROR_RATE = env["ORS_FLAGS_ERROR_RATE"]
 ORS_ANALYTICS_PASS_REWARD = env["ORS_ANALYTICS_PASS_REWARD"]
 
 # --- ORS platform settings ------------------------------------------------------------------------
-ORS_EXECUTOR = env["ORS_EXECUTOR"]
 # Idle sessions are torn down after this long without a request carrying their id (ORS: 15 min).
 ORS_IDLE_TIMEOUT_SECONDS = env["ORS_IDLE_TIMEOUT_SECONDS"]
 ORS_REAPER_INTERVAL_SECONDS = env["ORS_REAPER_INTERVAL_SECONDS"]

@@ -84,7 +84,7 @@ def ready(request: HttpRequest) -> JsonResponse:
     if settings.REDIS_URL:
         checks.update(_redis_checks())
     broker = settings.CELERY_BROKER_URL
-    if not broker.startswith("memory://"):  # the embedded default runs Celery tasks eagerly
+    if not broker.startswith(("filesystem://", "memory://")):  # a folder, or in-process (tests): no server
         checks["broker"] = checks["redis"] if broker == settings.REDIS_URL else ("ok" if _broker_ok() else "down")
     healthy = (all(checks.get(name, "ok") == "ok" for name in ("database", "redis", "broker"))
                and checks.get("runners") != "none")

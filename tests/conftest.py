@@ -3,6 +3,11 @@ import uuid
 
 # Shared limit counters in Redis (CI sets REDIS_URL) must not leak between test runs.
 os.environ.setdefault("ORS_REDIS_PREFIX", f"ors-test-{uuid.uuid4().hex[:8]}")
+# Test configuration, not a mode of the platform: a task queued by the code under test runs in the
+# caller (and in the servers tests start, which inherit this). Tests of background work as it
+# really runs start a worker (tests/fixtures/celery.py: Cluster, EmbeddedWorker).
+os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "true")
+
 
 pytest_plugins = [
     "tests.fixtures.database",
@@ -17,3 +22,9 @@ pytest_plugins = [
 # tests/stack runs against docker/compose.yml on real containers: `make stack-test` (bin/stack-test)
 # brings the stack up and sets ORS_STACK; `make test` leaves it out.
 collect_ignore = [] if os.environ.get("ORS_STACK") else ["stack"]
+
+def pytest_configure(config) -> None:
+    # pytest-django loads the settings before this file: the same configuration for this process.
+    from django.conf import settings
+
+    settings.CELERY_TASK_ALWAYS_EAGER = os.environ["CELERY_TASK_ALWAYS_EAGER"].strip().lower() in {"1", "true", "yes"}

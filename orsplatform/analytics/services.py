@@ -196,9 +196,8 @@ def tool_call_rollup_rebuild() -> None:
 
 
 def rollup_nudge() -> None:
-    """Ask for a rollup run when a page finds the rollup behind. With a broker this only enqueues
-    (beat runs it anyway); in the embedded default there is no beat, and the eager task folds a
-    bounded number of batches right here, so a fresh install's pages fill in as they are viewed."""
+    """Ask the worker for a rollup run when a page finds the rollup behind (a few batches, no
+    re-queue): beat runs it every 30 s anyway, but a fresh install's pages fill in as they are viewed."""
     cursor = RollupCursor.objects.filter(name=CURSOR_NAME).values_list("last_id", "last_run_at").first()
     last_id, last_run_at = cursor or (0, None)
     if last_run_at is not None and timezone.now() - last_run_at < timedelta(seconds=max(5.0, settle_seconds())):
@@ -211,7 +210,7 @@ def rollup_nudge() -> None:
         try:
             task("analytics.rollup_tool_calls").apply_async(kwargs={"max_batches": 3, "requeue": False},
                                                            retry=False)
-        except Exception:  # noqa: BLE001 - any broker or eager-run failure
+        except Exception:  # noqa: BLE001 - any broker failure
             log.warning("analytics rollup nudge failed", exc_info=True)
 
     transaction.on_commit(enqueue)

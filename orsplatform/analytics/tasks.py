@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 
 # The project's app, not shared_task: orsplatform/__init__.py does not load the Celery app, and a
-# shared task bound to Celery's default app would not see CELERY_TASK_ALWAYS_EAGER.
+# shared task would be bound to Celery's default app, not configured from the settings.
 from orsplatform.celery import app
 
 

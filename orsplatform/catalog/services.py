@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 import tomllib
 from collections.abc import Iterable, Iterator
@@ -499,8 +498,8 @@ def _version_queue_build(*, team: Team, slug: str, manifest: dict, visibility: s
                          wait: bool, data_hash: str | None = None) -> PublishResult:
     """A package with requirements: store it, record the version as ``building`` and build its
     Python environment, then inspect it there (version_build). ``wait``: build now, in this
-    process (the CLI); else on a Celery worker, or a thread of this process on the embedded
-    default, while the console and the REST API show the build's log."""
+    process (the CLI); else on the platform's Celery worker, while the console and the REST API
+    show the build's log."""
     stored = _store_package(source_dir, content_hash, data_hash)
     if visibility is not None:
         manifest = {**manifest, "visibility": visibility}  # applied when the build succeeds
@@ -521,20 +520,7 @@ def _version_queue_build(*, team: Team, slug: str, manifest: dict, visibility: s
 
 
 def _build_dispatch(version_id: int) -> None:
-    if settings.CELERY_TASK_ALWAYS_EAGER:
-        # The embedded default has no worker: build beside the server, so the request answers at
-        # once and the version's page shows the build as it goes.
-        threading.Thread(target=_build_in_thread, args=(version_id,), name=f"build-{version_id}",
-                         daemon=True).start()
-    else:
-        task("catalog.build_version").delay(version_id)
-
-
-def _build_in_thread(version_id: int) -> None:
-    try:
-        version_build(version_id=version_id)
-    finally:
-        connections.close_all()
+    task("catalog.build_version").delay(version_id)
 
 
 def version_build(*, version_id: int) -> EnvironmentVersion:
@@ -947,12 +933,12 @@ def ingest_jobs_fail_abandoned(*, started_before, limit: int) -> int:
 
 def staging_cleanup(*, at_startup: bool = False) -> CleanupReport:
     """One bounded pass over what killed processes leave: staged uploads, `running` ingest jobs,
-    `building` versions. ``at_startup``: before the server serves; on the embedded default (no
-    broker: ingests and builds run inside the server process) nothing can be in flight then, so
-    everything staged and every running job or build is abandoned. With a broker, workers elsewhere
-    may be busy, so start-up sweeps like the scheduled task does."""
+    `building` versions. ``at_startup``: before the server serves; on the embedded default (the
+    filesystem broker, whose only worker `make run` starts after this pass) nothing can be in flight
+    then, so everything staged and every running job or build is abandoned. With a broker, workers
+    elsewhere may be busy, so start-up sweeps like the scheduled task does."""
     limit = settings.ORS_CLEANUP_BATCH
-    embedded = at_startup and settings.CELERY_TASK_ALWAYS_EAGER
+    embedded = at_startup and settings.CELERY_BROKER_URL.startswith("filesystem://")
     age = 0.0 if embedded else settings.ORS_STAGED_MAX_AGE_SECONDS
     now = timezone.now()
     jobs = ingest_jobs_fail_abandoned(started_before=now - timezone.timedelta(seconds=age), limit=limit)

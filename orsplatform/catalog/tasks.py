@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # The project's app, not shared_task: orsplatform/__init__.py does not load the Celery app, and a
-# shared task bound to Celery's default app would not see CELERY_TASK_ALWAYS_EAGER.
+# shared task would be bound to Celery's default app, not configured from the settings.
 from orsplatform.celery import app
 
 
@@ -34,11 +34,11 @@ def collect_pyenvs() -> None:
 @app.task(name="catalog.cleanup_staged")
 def cleanup_staged() -> None:
     """Staged uploads, ingest jobs and builds left by killed processes, a bounded batch at a time; a
-    full batch queues the next at once (with a broker: eagerly that would recurse in the caller)."""
+    full batch queues the next at once."""
     from django.conf import settings
 
     from orsplatform.catalog.services import staging_cleanup
 
     report = staging_cleanup()
-    if report.more(settings.ORS_CLEANUP_BATCH) and not settings.CELERY_TASK_ALWAYS_EAGER:
+    if report.more(settings.ORS_CLEANUP_BATCH):
         cleanup_staged.delay()

@@ -1,7 +1,6 @@
 """Drives evaluation runs: one engine per worker process, on a long-lived event loop in a thread of
 its own, with one EpisodeGateway (the inline executor runs environments in this process) and one
-pooled HTTP client for the agents. A Celery task hands it a run id and waits; on the embedded
-default (eager Celery) the caller does not wait and the run goes on in the background.
+pooled HTTP client for the agents. A Celery task hands it a run id and waits.
 
 Per run: up to `concurrency` episodes at once, each an ORS episode on the gateway driven by AAP
 turns against the agent. An episode's result is written when it ends, so a worker killed mid-run
@@ -129,7 +128,7 @@ class Engine:
 
     # --- entry points (any thread) ----------------------------------------------------------------
 
-    def execute(self, run_id: int, *, sealed_secrets: str = "", wait: bool) -> None:
+    def execute(self, run_id: int, *, sealed_secrets: str = "") -> None:
         # A resume right after a cancel (or a second message for one run): the earlier drive may
         # still be ending its episodes here; the new one starts after it, so no episode is driven
         # twice. (Between processes, the run's lease does the same.)
@@ -138,8 +137,7 @@ class Engine:
             future = asyncio.run_coroutine_threadsafe(
                 self.drive(run_id, sealed_secrets=sealed_secrets, after=previous), self.loop)
             self.runs[run_id] = future
-        if wait:
-            future.result()
+        future.result()
 
     def call(self, coro) -> Any:
         """Run a coroutine on the engine's loop and wait for it (tests, the management command)."""

@@ -9,10 +9,9 @@ from orsplatform.celery import app
 def run_eval(run_id: int, sealed_secrets: str = "") -> None:
     from orsplatform.evals.engine import engine
 
-    # Eager (the embedded default, no broker): the caller is a web request or a shell; the run goes
-    # on in this process's engine without holding it. A real worker waits, so its concurrency
-    # bounds the runs it drives and a lost worker's task is redelivered, secrets included.
-    engine().execute(run_id, sealed_secrets=sealed_secrets, wait=not run_eval.request.is_eager)
+    # The worker waits for the run, so its concurrency bounds the runs it drives and a lost
+    # worker's task is redelivered (acks_late), secrets included.
+    engine().execute(run_id, sealed_secrets=sealed_secrets)
 
 
 @app.task(name="evals.resume_orphaned_runs")

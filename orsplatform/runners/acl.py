@@ -2,7 +2,7 @@
 
     python -m orsplatform.runners.acl runner-1@runner-1 runner-2@runner-2
 
-One argument per node, its Celery hostname (``--hostname``). The node's user is
+One argument per node, its name (``--hostname``). The node's user is
 ``ors-runner-<node>`` (the node name, before ``@``; node names must differ), with the rules of
 keys.runner_acl_rules for that hostname only, and the password in ``RUNNER_REDIS_PASSWORD_<NODE>``
 (upper case, other characters as ``_``: ``runner-1`` reads ``RUNNER_REDIS_PASSWORD_RUNNER_1``). Reads REDIS_URL (an administrative

@@ -34,6 +34,10 @@ class Keys:
         """The channel a node (or the platform's beat, hostname "platform") announces session states on."""
         return f"{self.prefix}:sessions:{hostname}"
 
+    def inbox(self, hostname: str) -> str:
+        """A node's inbox: the Redis list gateways push its work on (inbox.py)."""
+        return f"{self.prefix}:inbox:{hostname}"
+
     def runner(self, hostname: str) -> str:
         """A node's heartbeat (JSON: boot, sessions, team, pid), with a TTL of a few heartbeats."""
         return f"{self.prefix}:runner:{hostname}"
@@ -77,7 +81,7 @@ def runner_identity(hostname: str, boot: str) -> str:
 
 
 def runner_hostname(identity: str) -> str:
-    """The node name (and so the worker_direct queue) of a runner identity."""
+    """The node name (and so the inbox) of a runner identity."""
     return identity.partition("#")[0]
 
 
@@ -103,32 +107,27 @@ def _glob(text: str) -> str:
 
 def runner_acl_rules(prefix: str, password: str, hostname: str) -> list[str]:
     """Redis ACL rules (ACL SETUSER <name> ...) for one runner node's own user (runners/acl.py): what
-    that node's Celery consumer and its replies need, and no more.
+    that node's inbox, heartbeat and replies need, and no more.
 
-    - Its own queue (`<hostname>.dq2`) and heartbeat only: it cannot read, take or feed another
-      node's queue (nor a shared one: a node consumes nothing else, node.py).
+    - Its own inbox (`{prefix}:inbox:<hostname>`) and heartbeat only: it cannot read, take or feed
+      another node's inbox.
     - Session records and call results are write-only: it cannot read another session's record or
       result, and their names (random ids) reach it only for its own sessions, because...
     - ...it may publish (and so subscribe) only on channels that end in its own name: the gateways
       listen on a pattern, so no node can listen to what another node tells them.
-    - No MONITOR, KEYS, SCAN, FLUSH*, CONFIG, ACL or CLIENT LIST, no remote control (pidbox).
+    - No MONITOR, KEYS, SCAN, FLUSH*, CONFIG, ACL, CLIENT LIST or scripts.
     The node index `{prefix}:runners` is shared (a sorted set of names, nothing secret)."""
     own = _glob(hostname)
     return [
         "reset", "on", f">{password}", "resetkeys", "resetchannels", "-@all",
-        # connection and transactions (pipelines), the broker's list and set operations, replies
+        # connection and pipelines, the inbox's pops, the writes of records, results and heartbeats
         "+ping", "+echo", "+select", "+hello", "+auth", "+client|setname", "+client|id",
-        "+multi", "+exec", "+discard", "+watch", "+unwatch",
-        # kombu's Lua scripts: what they run is checked against the same key rules
-        "+eval", "+evalsha", "+script|load", "+script|exists", "+time",
-        "+brpop", "+blmpop", "+lpush", "+rpush", "+lpop", "+rpop", "+llen", "+lrange",
-        "+sadd", "+smembers", "+srem", "+sismember", "+scard",
-        "+get", "+set", "+del", "+unlink", "+expire", "+pexpire", "+exists", "+mget",
+        "+multi", "+exec", "+discard",
+        "+brpop", "+blmpop", "+llen",
+        "+get", "+set", "+del", "+unlink", "+expire", "+pexpire", "+exists",
         "+zadd", "+zrem", "+zremrangebyscore", "+zrangebyscore",
         "+publish", "+subscribe", "+unsubscribe",
-        f"~{_glob(prefix)}:runner:{own}", f"~{_glob(prefix)}:runners",
+        f"~{_glob(prefix)}:runner:{own}", f"~{_glob(prefix)}:runners", f"~{_glob(prefix)}:inbox:{own}",
         f"%W~{_glob(prefix)}:state:*", f"%W~{_glob(prefix)}:result:*",
-        # kombu suffixes priority queues: "<queue>\x06\x16<priority>"; and its binding tables
-        f"~{own}.dq2*", "~_kombu.binding*",
         f"&{_glob(prefix)}:gw:*:{own}", f"&{_glob(prefix)}:sessions:{own}",
     ]

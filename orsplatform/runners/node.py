@@ -1,9 +1,9 @@
-"""A runner node: a Celery worker that holds the environment instances of the sessions assigned to it.
+"""A runner node: the process that holds the environment instances of the sessions placed on it.
 
-Start one with ``celery -A orsplatform.runners.node worker --pool threads --concurrency 8
---hostname runner1@%h`` (see ``make runner``). It needs only the broker and Redis: no Django
-settings, no SECRET_KEY, no database credentials. Gateways send it work on its own queue
-(``worker_direct``); it answers on Redis:
+Start one with ``python -m orsplatform.runners.node --hostname runner1@%h`` (see ``make runner``). It
+needs only Redis: no Django settings, no SECRET_KEY, no database credentials, no Celery. Gateways
+push work on its own Redis list, ``{prefix}:inbox:{hostname}`` (inbox.py, docs/runner-nodes.md);
+it answers on Redis:
 
 - replies to a request are published on the requesting gateway's channel from this node,
   ``{prefix}:gw:{gateway}:{hostname}``;
@@ -15,29 +15,32 @@ settings, no SECRET_KEY, no database credentials. Gateways send it work on its o
 - a heartbeat ``{prefix}:runner:{hostname}`` (with a short TTL) says the node is alive and how
   loaded it is; the sorted set ``{prefix}:runners`` lists the nodes (see keys.py).
 
-Instances live in an InlineExecutor on one background event loop, so a node has exactly the
-semantics of the embedded executor: sync tools in a thread pool, async tools on the loop, one call
-at a time per session, and the per-tool timeout.
+Instances live in an InlineExecutor on one event loop, so a node has exactly the semantics of the
+embedded executor: sync tools in a thread pool, async tools on the loop, one call at a time per
+session, and the per-tool timeout. The inbox is read on that loop too: a message only starts a
+coroutine there, so a long tool call holds nothing but its own task.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
 import os
+import signal
+import socket
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Any
 
 import orjson
 import redis
 import redis.asyncio as aioredis
-from celery import Celery, bootsteps
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
 from orsplatform import config
+from orsplatform.runners import inbox
 from orsplatform.runners.coalesce import Coalescer
 from orsplatform.runners.executor import SessionSpec, SetupFailed, UnknownSession, WorkerLost
 from orsplatform.runners.inline import InlineExecutor
@@ -52,7 +55,6 @@ log = logging.getLogger("orsplatform.runner")
 ENV = config.load_or_exit(os.environ, program="runner node")
 PREFIX = ENV["ORS_REDIS_PREFIX"]
 REDIS_URL = ENV["REDIS_URL"] or "redis://127.0.0.1:6379/0"
-BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL  # validated above; defaults to REDIS_URL here
 HEARTBEAT_SECONDS = ENV["ORS_RUNNER_HEARTBEAT_SECONDS"]
 HEARTBEAT_TTL = ENV["ORS_RUNNER_HEARTBEAT_TTL"]
 RESULT_TTL = ENV["ORS_RESULT_TTL_SECONDS"]
@@ -62,25 +64,9 @@ TEAM = ENV["ORS_RUNNER_TEAM"]
 SEEN_CALLS_KEPT = 200_000  # task ids remembered against duplicate delivery
 KEYS = Keys(PREFIX)
 
-app = Celery("ors-runner", broker=BROKER_URL)
-app.conf.update(
-    # Kombu's Redis transport, taking several messages per round trip (transport.py); an AMQP
-    # broker keeps its own.
-    broker_transport="orsplatform.runners.transport:Transport" if BROKER_URL.startswith("redis") else None,
-    worker_direct=True,  # each node consumes its own queue, named after its hostname
-    task_serializer="json",
-    accept_content=["json"],
-    task_acks_late=False,  # a redelivered call must never run twice; the node dedupes too
-    worker_prefetch_multiplier=4,
-    broker_connection_retry_on_startup=True,
-    task_default_queue="ors-runners-unused",  # nothing is sent to a shared queue
-    # No unacked bookkeeping in Redis: it cost two extra round trips per message on the consumer
-    # thread, and bought nothing here (acks are early, and a dead node's sessions are lost anyway).
-    broker_transport_options={"ack_emulation": False},
-    # No remote control: nothing inspects runner nodes through Celery (the heartbeat says what they
-    # are), and its fanout would be one more channel a node's Redis user had to be allowed.
-    worker_enable_remote_control=False,
-)
+# Platform credentials a node must not hand to tenant code (environment code can read os.environ),
+# dropped at start in case the node was started with them.
+SCRUBBED = ("SECRET_KEY", "DATABASE_URL", "DJANGO_SETTINGS_MODULE", "AWS_SECRET_ACCESS_KEY", "CELERY_BROKER_URL")
 
 
 class Node:
@@ -94,9 +80,6 @@ class Node:
         # Its writes (records, results, wake-ups), made on its loop and coalesced (coalesce.py):
         # never blocking the loop, and many sessions' writes per round trip at load.
         self.writes = Coalescer(aioredis.from_url(REDIS_URL))
-        # Work handed over by the consumer thread, started on the loop in batches (see submit).
-        self.inbox: deque = deque()
-        self._drain_scheduled = False
         self._tasks: set[asyncio.Task] = set()
         self.executor = InlineExecutor(threads=ENV["ORS_TOOL_THREADS"],
                                        on_lost=self.sessions_lost)
@@ -128,21 +111,49 @@ class Node:
 
         self.writes.push(build)
 
-    def submit(self, coro) -> None:
-        """Run `coro` on the node's loop (called from the consumer thread). One wake-up of the
-        loop starts every coroutine handed over meanwhile: at load, messages arrive faster than
-        the loop turns, and each wake-up is a write to its self-pipe and a thread switch."""
-        self.inbox.append(coro)
-        if not self._drain_scheduled:
-            self._drain_scheduled = True
-            self.loop.call_soon_threadsafe(self._drain_inbox)
+    def spawn(self, coro) -> None:
+        """Run `coro` on the node's loop (called on the loop: the inbox is read there)."""
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._tasks.discard)
 
-    def _drain_inbox(self) -> None:
-        self._drain_scheduled = False  # first: a coroutine appended from here on schedules a drain
-        while self.inbox:
-            task = self.loop.create_task(self.inbox.popleft())
-            self._tasks.add(task)  # the loop keeps only weak references to tasks
-            task.add_done_callback(self._tasks.discard)
+    async def consume(self) -> None:
+        """Read this node's inbox until the node stops: up to inbox.BATCH messages per blocking
+        pop (BLMPOP, Redis 7; one per BRPOP on an older server), oldest first. The pop holds its
+        connection, so it has one of its own; a Redis restart costs a retry, not the node."""
+        client = aioredis.from_url(REDIS_URL)
+        key = KEYS.inbox(self.hostname)
+        batched = True
+        while not self._stop.is_set():
+            try:
+                if batched:
+                    reply = await client.blmpop(1, 1, key, direction="RIGHT", count=inbox.BATCH)
+                    items = reply[1] if reply else ()
+                else:
+                    reply = await client.brpop([key], timeout=1)
+                    items = (reply[1],) if reply else ()
+            except redis.ResponseError as exc:
+                if batched and "unknown command" in str(exc).lower():
+                    batched = False  # Redis 6
+                    continue
+                log.warning("inbox read refused: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            except (redis.RedisError, OSError) as exc:
+                log.warning("inbox read failed (%s); retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for raw in items:
+                try:
+                    self.handle(*inbox.parse(raw))
+                except inbox.BadMessage as exc:
+                    log.warning("%s", exc)
+                except Exception:  # a message with the wrong arguments must not stop the node
+                    log.exception("runner message could not be handled")
+        await client.aclose()
+
+    def handle(self, op: str, args: list) -> None:
+        HANDLERS[op](*args)
 
     def publish(self, gateway: str, message: dict[str, Any]) -> None:
         if gateway:
@@ -185,30 +196,6 @@ def encode(message: dict[str, Any]) -> bytes:
     except (TypeError, orjson.JSONEncodeError) as exc:
         return orjson.dumps({"kind": message.get("kind"), "request": message.get("request"), "ok": False,
                              "error": f"The environment's answer is not valid JSON: {exc}"})
-
-
-@celeryd_after_setup.connect
-def _consume_only_the_nodes_queue(sender, instance, **kwargs) -> None:
-    """Only this node's own queue: the default queue Celery adds would be shared by every node, so
-    one node could feed the others work (and the ACL user of a node may touch no other queue)."""
-    queues = instance.app.amqp.queues
-    if app.conf.task_default_queue in queues.consume_from:
-        queues.deselect(app.conf.task_default_queue)
-    node.hostname = sender  # known before the first message is handled (worker_ready comes later)
-    node.identity = runner_identity(sender, node.boot)
-
-
-@worker_ready.connect
-def _start_heartbeat(sender, **kwargs) -> None:
-    node.hostname = sender.hostname
-    node.identity = runner_identity(sender.hostname, node.boot)
-    threading.Thread(target=node.heartbeat_forever, name="ors-runner-heartbeat", daemon=True).start()
-    log.info("runner %s ready", node.hostname)
-
-
-@worker_shutdown.connect
-def _stop_heartbeat(**kwargs) -> None:
-    node.stop()
 
 
 # --- the work ----------------------------------------------------------------------------------
@@ -312,39 +299,13 @@ async def _teardown(sid: str, settled: bool) -> None:
     await node.executor.stop(sid)
 
 
-def handoff(task, app, consumer, **kwargs):
-    """Celery task strategy for the node's tasks: they only hand work to the node's event loop,
-    so the message is decoded and handed over right here on the consumer thread. The default
-    strategy builds a Request, traces it and hops to a pool thread first: about a millisecond of
-    CPU per message on a small machine, for nothing these tasks use (no result, no retries)."""
-    run = task.run
-    connection_errors = consumer.connection_errors
-
-    def on_message(message, body, ack, reject, callbacks, **kw):
-        try:
-            if message.content_type == "application/json":  # as message.decode(), in C
-                args, task_kwargs, _ = orjson.loads(message.body)
-            else:
-                args, task_kwargs, _ = message.decode()
-            run(*args, **task_kwargs)
-        except Exception:  # a malformed message must not stop the consumer
-            log.exception("runner message %s could not be handled", message.headers.get("id"))
-        finally:
-            ack(log, connection_errors)
-
-    return on_message
+# What each op of the inbox does (inbox.py): its arguments, in order, are the function's.
 
 
-# Celery tasks only schedule work on the node's loop and return at once: a long tool call
-# occupies no Celery thread, so a node serves as many concurrent calls as its executor can.
-HANDOFF = "orsplatform.runners.node:handoff"
-
-
-@app.task(name="runners.node.setup", Strategy=HANDOFF)
 def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets: dict, gateway: str,
           owner: dict | None = None) -> None:
     if sid in node.sessions:
-        return  # a redelivered setup
+        return  # a setup sent twice
     placed_on = (owner or {}).get("runner")
     if placed_on and placed_on != node.identity:
         # Queued for an earlier start of this node, whose sessions are lost: never resurrect one.
@@ -354,45 +315,79 @@ def setup(sid: str, package_path: str, entrypoint: str, task_spec: Any, secrets:
         opened = node.key.open(secrets or {}, sid)
     except SealError as exc:
         log.warning("dropping setup of %s: %s", sid, exc)
-        node.submit(_setup_refused(sid, gateway, owner or {}, str(exc)))
+        node.spawn(_setup_refused(sid, gateway, owner or {}, str(exc)))
         return
     spec = SessionSpec(sid=sid, package_path=package_path, entrypoint=entrypoint, task_spec=task_spec,
                        secrets=opened, owner=owner or {})
-    node.submit(_setup(spec, gateway, owner or {}))
+    node.spawn(_setup(spec, gateway, owner or {}))
 
 
-@app.task(name="runners.node.call", Strategy=HANDOFF)
 def call(sid: str, task_id: str, name: str, tool_input: dict, timeout: float, gateway: str) -> None:
     if task_id in node.seen_calls:
-        return  # duplicate delivery: a tool call never runs twice
+        return  # sent twice: a tool call never runs twice
     node.seen_calls[task_id] = None
-    if len(node.seen_calls) > SEEN_CALLS_KEPT:  # redeliveries come soon after: forget the oldest
+    if len(node.seen_calls) > SEEN_CALLS_KEPT:  # a repeat comes soon after: forget the oldest
         node.seen_calls.popitem(last=False)
-    node.submit(_call(sid, task_id, name, tool_input, timeout, gateway))
+    node.spawn(_call(sid, task_id, name, tool_input, timeout, gateway))
 
 
-@app.task(name="runners.node.prompt", Strategy=HANDOFF)
 def prompt(sid: str, request_id: str, gateway: str) -> None:
-    node.submit(_reply(gateway, request_id, lambda: node.executor.prompt(sid)))
+    node.spawn(_reply(gateway, request_id, lambda: node.executor.prompt(sid)))
 
 
-@app.task(name="runners.node.task_tools", Strategy=HANDOFF)
 def task_tools(sid: str, request_id: str, gateway: str) -> None:
-    node.submit(_reply(gateway, request_id, lambda: node.executor.task_tools(sid)))
+    node.spawn(_reply(gateway, request_id, lambda: node.executor.task_tools(sid)))
 
 
-@app.task(name="runners.node.teardown", Strategy=HANDOFF)
 def teardown(sid: str, settled: bool = False) -> None:
-    node.submit(_teardown(sid, settled))
+    node.spawn(_teardown(sid, settled))
 
 
-class _ScrubEnvironment(bootsteps.StartStopStep):
-    """Drop platform credentials from this process's environment before any tenant code runs,
-    in case the node was started with them (environment code can read os.environ)."""
-
-    def start(self, worker) -> None:
-        for name in ("SECRET_KEY", "DATABASE_URL", "DJANGO_SETTINGS_MODULE", "AWS_SECRET_ACCESS_KEY"):
-            os.environ.pop(name, None)
+HANDLERS = {"setup": setup, "call": call, "prompt": prompt, "task_tools": task_tools, "teardown": teardown}
+assert set(HANDLERS) == inbox.OPS
 
 
-app.steps["worker"].add(_ScrubEnvironment)
+# --- the process ------------------------------------------------------------------------------
+
+
+def node_name(template: str) -> str:
+    """``name@%h`` as Celery spelled it: %h is this machine's host name; a bare name gets it too."""
+    name = template.replace("%h", socket.gethostname())
+    return name if "@" in name else f"{name}@{socket.gethostname()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orsplatform.runners.node", description=__doc__.split("\n")[0])
+    parser.add_argument("--hostname", default=ENV["ORS_RUNNER_NAME"],
+                        help="this node's name, name@host (%%h: the machine's host name); default runner@%%h")
+    parser.add_argument("--loglevel", default=ENV["ORS_LOG_LEVEL"])
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=options.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in SCRUBBED:
+        os.environ.pop(name, None)
+    node.hostname = node_name(options.hostname)
+    node.identity = runner_identity(node.hostname, node.boot)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    consumer = asyncio.run_coroutine_threadsafe(node.consume(), node.loop)
+    threading.Thread(target=node.heartbeat_forever, name="ors-runner-heartbeat", daemon=True).start()
+    log.info("runner %s ready", node.hostname)
+    while not stopping.wait(1.0):
+        if consumer.done():  # it only returns when stopped: anything else is a fault worth dying of
+            consumer.result()
+            return 1
+    node.stop()
+    try:
+        consumer.result(timeout=5)  # its pop returns within a second of the stop
+    except Exception as exc:  # noqa: BLE001 - shutting down anyway
+        log.warning("inbox reader did not stop cleanly: %r", exc)
+    try:  # sessions end with their node: their sandbox workers go with it, not orphaned
+        asyncio.run_coroutine_threadsafe(node.executor.close(), node.loop).result(timeout=10)
+    except Exception as exc:  # noqa: BLE001 - shutting down anyway
+        log.warning("executor did not close cleanly: %r", exc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """The gateway's side of the Celery executor: environment instances live on runner nodes
 (``orsplatform/runners/node.py``), and any gateway can serve any session.
 
-Work goes to a node's own queue as a Celery task; answers come back on Redis (see node.py): a
+Work goes to a node's own inbox, a Redis list (inbox.py, docs/runner-nodes.md); answers come back on Redis (see node.py): a
 pub/sub channel per gateway wakes the waiting request, and durable keys (setup state, call results)
 are what the request actually reads, so a lost wake-up only costs the polling interval.
 """
@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 import uuid
 from collections import Counter, OrderedDict
@@ -20,9 +19,9 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from celery.utils.nodenames import worker_direct
 from django.conf import settings
 
+from orsplatform.runners import inbox
 from orsplatform.runners.coalesce import Coalescer
 from orsplatform.runners.executor import (
     CallOutcome,
@@ -51,31 +50,6 @@ FORGET_BATCH_SECONDS = 0.05
 RECORDS_KEPT = 4_000  # session records remembered from the broadcast (at most ~32 MB with prompts)
 
 
-def celery_message(task: str, args: list, queue: str, *, origin: str) -> str:
-    """A Celery task message as Celery's Redis transport would push it for `send_task`."""
-    task_id = os.urandom(16).hex()  # any unique string; cheaper than formatting a UUID
-    body = orjson.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
-    return orjson.dumps({
-        # The body as text, not base64 (kombu decodes either; this saves encoding and decoding).
-        "body": body.decode(),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": {
-            "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None, "expires": None,
-            "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
-            "root_id": task_id, "parent_id": None,
-            # Never the arguments themselves: a setup message carries the session's secrets.
-            "argsrepr": "(...)", "kwargsrepr": "{}", "origin": f"gateway-{origin}", "ignore_result": True,
-            "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
-        },
-        "properties": {
-            "correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
-            "body_encoding": "utf-8", "delivery_tag": os.urandom(16).hex(),
-        },
-    }).decode()
-
-
 class CeleryExecutor(Executor):
     shared = True  # sessions live outside this process: any gateway may serve them
 
@@ -90,7 +64,7 @@ class CeleryExecutor(Executor):
         # Runner identity -> how many of `_runners` it holds, kept with it: place() reads it at
         # every /create, which must not cost a pass over every session this gateway knows.
         self._held: Counter[str] = Counter()
-        self._queues: dict[str, str] = {}  # runner identity -> its node's worker_direct queue
+        self._inboxes: dict[str, str] = {}  # runner identity -> its node's inbox (a Redis list)
         self._wakeups: dict[str, set[asyncio.Event]] = {}  # sid or task_id -> its waiters' events
         self._replies: dict[str, asyncio.Future] = {}
         self._runner_cache: tuple[float, list[tuple[str, int, str]]] = (0.0, [])
@@ -185,18 +159,16 @@ class CeleryExecutor(Executor):
             if not waiters:
                 self._wakeups.pop(key, None)
 
-    def _message(self, task: str, runner: str, *args: Any) -> tuple[str, str]:
-        # The message goes straight onto the node's own queue list, in the format Celery's Redis
-        # transport uses (protocol 2): one LPUSH on this event loop instead of a thread hop into
-        # kombu, and no dependence on the exchange binding table (which a restarted Redis loses
-        # until the node reconnects, so a routed message would be dropped).
-        queue = self._queues.get(runner)
-        if queue is None:
-            queue = self._queues[runner] = worker_direct(runner_hostname(runner)).name
-        return queue, celery_message(task, list(args), queue, origin=self.gateway)
+    def _message(self, op: str, runner: str, *args: Any) -> tuple[str, bytes]:
+        # Straight onto the node's own list (inbox.py): one LPUSH, pipelined with the request's
+        # other writes on this event loop.
+        key = self._inboxes.get(runner)
+        if key is None:
+            key = self._inboxes[runner] = self.keys.inbox(runner_hostname(runner))
+        return key, inbox.message(op, *args)
 
-    async def _send(self, task: str, runner: str, *args: Any) -> None:
-        queue, message = self._message(task, runner, *args)
+    async def _send(self, op: str, runner: str, *args: Any) -> None:
+        queue, message = self._message(op, runner, *args)
         await self.batch.run(lambda pipe: pipe.lpush(queue, message))
 
     async def _get(self, key: str) -> bytes | None:
@@ -279,7 +251,7 @@ class CeleryExecutor(Executor):
         # The record first, then the work, in one round trip: another gateway can serve the
         # session from the record while setup runs.
         record = json.dumps({"state": "starting", **owner})
-        queue, message = self._message("runners.node.setup", runner, spec.sid, spec.package_path,
+        queue, message = self._message("setup", runner, spec.sid, spec.package_path,
                                        spec.entrypoint, spec.task_spec, sealed, self.gateway, owner)
 
         def build(pipe) -> None:
@@ -363,14 +335,14 @@ class CeleryExecutor(Executor):
         finally:
             self._unwatch(sid, event)
 
-    async def _request(self, task: str, sid: str) -> Any:
+    async def _request(self, op: str, sid: str) -> Any:
         runner = self._runner_of(sid)
         await self._ensure_listener()
         request_id = uuid.uuid4().hex
         future = asyncio.get_running_loop().create_future()
         self._replies[request_id] = future
         try:
-            await self._send(task, runner, sid, request_id, self.gateway)
+            await self._send(op, runner, sid, request_id, self.gateway)
             deadline = time.monotonic() + settings.ORS_RUNNER_REPLY_TIMEOUT_SECONDS
             while True:
                 try:
@@ -399,7 +371,7 @@ class CeleryExecutor(Executor):
             record = await self._state(sid)
         if record is not None and record.get("state") == "ready" and "prompt" in record:
             return record["prompt"]
-        return await self._request("runners.node.prompt", sid)
+        return await self._request("prompt", sid)
 
     def prompt_audit(self, sid: str) -> list[dict] | None:
         record = self._records.get(sid)
@@ -414,7 +386,7 @@ class CeleryExecutor(Executor):
         return record.get("prompt_audit", record.get("prompt"))
 
     async def task_tools(self, sid: str) -> list[dict]:
-        return await self._request("runners.node.task_tools", sid)
+        return await self._request("task_tools", sid)
 
     async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
                    note: dict | None = None) -> CallOutcome:
@@ -425,7 +397,7 @@ class CeleryExecutor(Executor):
         try:
             # The call's marker and the work in one round trip.
             marker = None if note is None else json.dumps({**note, "runner": runner, "gateway": self.gateway})
-            queue, message = self._message("runners.node.call", runner, sid, task_id, name, input, timeout,
+            queue, message = self._message("call", runner, sid, task_id, name, input, timeout,
                                            self.gateway)
 
             def build(pipe) -> None:
@@ -503,7 +475,7 @@ class CeleryExecutor(Executor):
         self._ready.discard(sid)
         runner = self._release(sid)
         if runner is not None:
-            queue, message = self._message("runners.node.teardown", runner, sid, settled)
+            queue, message = self._message("teardown", runner, sid, settled)
             gone = orjson.dumps({"kind": "state", "sid": sid, "state": "gone", "by": self.gateway})
 
             def build(pipe) -> None:

@@ -12,14 +12,14 @@ import time
 from datetime import timedelta
 
 import redis
-from celery.utils.nodenames import worker_direct
 from django.conf import settings
 from django.utils import timezone
 
 # The project's app, not shared_task (one way to declare a task everywhere): orsplatform/__init__.py
-# does not load the Celery app, and a shared task would not see CELERY_TASK_ALWAYS_EAGER.
+# does not load the Celery app, and a shared task would be bound to Celery's default app.
 from orsplatform.celery import app
 from orsplatform.episodes import services
+from orsplatform.runners import inbox
 from orsplatform.runners.keys import GONE_RECORD, Keys, heartbeat_identity, runner_hostname
 
 log = logging.getLogger(__name__)
@@ -40,12 +40,16 @@ def _beating(client: redis.Redis, keys: Keys, runner: str) -> str | None:
     return heartbeat_identity(hostname, client.get(keys.runner(hostname)))
 
 
-def _forget(client: redis.Redis, keys: Keys, ended: list[tuple[str, int]]) -> None:
+def _forget(client: redis.Redis, keys: Keys, ended: list[tuple[str, int]],
+            runners: dict[str, str] | None = None) -> None:
     """Sessions the beat ended: no gateway serves them from their Redis record any more, and their
-    team's open-session slots are free at once (not when the gateways' leases lapse)."""
+    team's open-session slots are free at once (not when the gateways' leases lapse). `runners`
+    (sid -> runner identity): their nodes are told to tear them down (their inbox, inbox.py)."""
     if not ended:
         return
     pipe = client.pipeline(transaction=False)
+    for sid, runner in (runners or {}).items():
+        pipe.lpush(keys.inbox(runner_hostname(runner)), inbox.message("teardown", sid))
     for sid, team_id in ended:
         pipe.set(keys.state(sid), GONE_RECORD, ex=int(settings.ORS_STATE_TTL_SECONDS))
         pipe.zrem(keys.slots(team_id), sid)
@@ -54,14 +58,11 @@ def _forget(client: redis.Redis, keys: Keys, ended: list[tuple[str, int]]) -> No
 
 @app.task(name="runners.reap_idle_sessions")
 def reap_idle_sessions() -> int:
-    from orsplatform.celery import app
-
     idle_before = timezone.now() - timedelta(seconds=settings.ORS_IDLE_TIMEOUT_SECONDS)
     expired = services.sessions_expire_idle(idle_before=idle_before, limit=BATCH)
     keys, client = _keys(), _redis()
-    for sid, runner, _ in expired:
-        app.send_task("runners.node.teardown", args=[sid], queue=worker_direct(runner_hostname(runner)))
-    _forget(client, keys, [(sid, team_id) for sid, _, team_id in expired])
+    _forget(client, keys, [(sid, team_id) for sid, _, team_id in expired],
+            runners={sid: runner for sid, runner, _ in expired if runner})
     if len(expired) == BATCH:
         reap_idle_sessions.delay()
     if expired:

@@ -4,11 +4,10 @@ task's body), the author's confirmation, and the environment's replay settings."
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -68,19 +67,7 @@ def verification_plan(*, environment: Environment, version: EnvironmentVersion, 
 
 
 def _dispatch(verification_id: int) -> None:
-    if settings.CELERY_TASK_ALWAYS_EAGER:
-        # The embedded default has no worker: replay beside the server, so the publish answers at once.
-        threading.Thread(target=_run_in_thread, args=(verification_id,), name=f"verify-{verification_id}",
-                         daemon=True).start()
-    else:
-        task("verify.replay").delay(verification_id)
-
-
-def _run_in_thread(verification_id: int) -> None:
-    try:
-        verification_run(verification_id=verification_id)
-    finally:
-        connections.close_all()
+    task("verify.replay").delay(verification_id)
 
 
 def _solution_episodes(environment: Environment, solutions: list[config.Solution]

@@ -19,7 +19,6 @@ def package(requirement: str) -> bytes:
 @pytest.fixture
 def building(owner, settings, monkeypatch):
     """acme/needy, its first version queued for a build no worker has picked up yet."""
-    settings.CELERY_TASK_ALWAYS_EAGER = False
     monkeypatch.setattr(tasks.build_version, "delay", lambda version_id: None)  # a broker slow to deliver
     r = api(owner).post("/api/v1/environments/acme/needy/versions",
                         {"package": SimpleUploadedFile("needy.zip", package("easydict==1.13"))})

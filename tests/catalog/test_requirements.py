@@ -126,10 +126,12 @@ def test_a_requirement_on_another_sdk_version_is_refused_at_once_with_a_clear_me
 
 @pytest.mark.parametrize("sdk", ["openreward", "ors"])
 def test_a_package_needing_a_package_the_platform_lacks_publishes_over_rest_and_serves_episodes(
-        servers, owner, outsider, build_dirs, monkeypatch, sdk):
+        servers, embedded_worker, owner, outsider, build_dirs, monkeypatch, sdk):
     with pytest.raises(ImportError):
         __import__("easydict")  # the platform itself does not ship it
-    server = servers(**build_dirs)
+    # As `make run` on the embedded default: the build goes to the worker beside the server.
+    embedded_worker.start(**build_dirs)
+    server = servers(**build_dirs, **embedded_worker.env())
     headers = {"X-API-Key": owner.token}
     r = httpx.post(f"{server.url}/api/v1/environments/acme/edict/versions", headers=headers,
                    files={"package": ("edict.zip", zip_bytes(edict(sdk=sdk)))}, timeout=60)

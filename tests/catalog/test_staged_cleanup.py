@@ -35,7 +35,11 @@ def quiz(owner):
 
 @pytest.fixture
 def server(tmp_path, settings, build_dirs):
-    proc = start_server(tmp_path, ORS_UPLOAD_DIR=str(settings.ORS_UPLOAD_DIR), **build_dirs)
+    # The embedded default, as `make run` runs it: the filesystem broker (so the start-up command
+    # knows that nothing of the killed server's can still be in flight).
+    settings.CELERY_BROKER_URL = "filesystem://localhost/"
+    proc = start_server(tmp_path, ORS_UPLOAD_DIR=str(settings.ORS_UPLOAD_DIR), CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+                        ORS_BROKER_DIR=str(tmp_path / "broker"), **build_dirs)
     yield proc
     proc.stop()
 
@@ -157,14 +161,14 @@ def test_a_half_stored_package_is_removed_and_stored_ones_kept(live_db, settings
     assert not half.exists() and stored.exists()
 
 
-def test_the_startup_command_fails_a_build_the_embedded_server_was_running(owner, settings, monkeypatch):
-    settings.CELERY_TASK_ALWAYS_EAGER = False
-    monkeypatch.setattr(tasks.build_version, "delay", lambda version_id: None)  # the build never ran
+def test_the_startup_command_fails_a_build_the_embedded_worker_was_running(owner, settings, monkeypatch):
+    monkeypatch.setattr(tasks.build_version, "delay", lambda version_id: None)  # the build never ended
     package = zip_bytes({"env.py": env_with("", imports=""), "requirements.txt": "easydict==1.13\n"})
     r = api(owner).post("/api/v1/environments/acme/needy/versions",
                         {"package": SimpleUploadedFile("needy.zip", package)})
     assert r.status_code == 202
-    settings.CELERY_TASK_ALWAYS_EAGER = True  # the embedded default: builds run in the server's threads
+    # The embedded default: the filesystem broker, whose only worker `make run` starts after this.
+    settings.CELERY_BROKER_URL = "filesystem://localhost/"
     call_command("cleanup_staged", "--startup", stdout=io.StringIO())
     version = EnvironmentVersion.objects.get(environment__slug="needy")
     assert version.status == EnvironmentVersion.Status.FAILED and "stopped without finishing" in version.error

@@ -89,17 +89,31 @@ def sdk_agents(sdk_agent_servers, settings):
 
 
 @pytest.fixture(autouse=True)
-def _engine_idle_after_each_test(live_db):
-    """A run this process drives (eager Celery) must not outlive its test: a cancelled run's
-    worker notices within a second, and its episodes would otherwise land in the next test."""
-    yield
+def platform_worker(live_db):
+    """A Celery worker in this process (Celery's own test worker, on its in-memory broker) instead
+    of the suite's eager configuration: its task waits for the run it drives, as a real worker's
+    does, while the test goes on (cancels it, watches it). A run must not outlive its test: a
+    cancelled run's worker notices within a second, and its episodes would otherwise land in the
+    next test."""
+    from celery.contrib.testing.worker import start_worker
+
+    from orsplatform.celery import app
     from orsplatform.evals import engine as engine_module
 
-    if engine_module._engine is not None:
-        deadline = time.monotonic() + 60
-        while not all(f.done() for f in list(engine_module._engine.runs.values())):
-            assert time.monotonic() < deadline, "an evaluation run was still being driven after its test"
-            time.sleep(0.05)  # polling interval while waiting on the condition
+    saved = {name: app.conf[name] for name in ("task_always_eager", "broker_url")}
+    app.conf.update(task_always_eager=False, broker_url="memory://")
+    app.loader.import_default_modules()
+    try:
+        with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=60,
+                          loglevel="WARNING"):
+            yield
+            if engine_module._engine is not None:
+                deadline = time.monotonic() + 60
+                while not all(f.done() for f in list(engine_module._engine.runs.values())):
+                    assert time.monotonic() < deadline, "an evaluation run was still being driven after its test"
+                    time.sleep(0.05)  # polling interval while waiting on the condition
+    finally:
+        app.conf.update(saved)
 
 
 @pytest.fixture

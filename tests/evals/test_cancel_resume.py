@@ -125,7 +125,7 @@ def test_the_beat_resumes_a_run_whose_worker_died_and_fails_one_that_needs_its_s
     _lease(with_secrets.id, -3600)
     _lease(alive.id, 30, owner="live-worker:1:abc")
 
-    assert tuple(resume_orphaned_runs.delay().get()) == (1, 1)
+    assert tuple(resume_orphaned_runs.apply().get()) == (1, 1)
     done = wait_run(owner, plain.id)
     assert done["status"] == "finished" and done["done"] == 6
     failed = EvalRun.objects.get(id=with_secrets.id)

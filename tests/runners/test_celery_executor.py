@@ -285,18 +285,14 @@ def test_a_runner_restarted_under_its_name_before_its_heartbeat_expires_is_anoth
 
 
 def test_a_duplicate_delivery_never_runs_a_call_twice(cluster, server_factory, owner):
-    from celery import Celery
-    from celery.utils.nodenames import worker_direct
+    from orsplatform.runners import inbox
 
     runner = cluster.start_runner()
     gateway = server_factory(**cluster.env())
     sid = open_session(gateway.url, owner, env="wordle", split="train", index=0)
     assert httpx.get(f"{gateway.url}/wordle/prompt", headers=h(owner, sid), timeout=30).status_code == 200
-    app = Celery("dup", broker=cluster.env()["CELERY_BROKER_URL"])
-    app.conf.update(task_serializer="json", accept_content=["json"])
-    args = [sid, "duplicate-task-id", "guess", {"word": "zzzzz"}, 30, "nobody"]
-    for _ in range(2):
-        app.send_task("runners.node.call", args=args, queue=worker_direct(runner))
+    message = inbox.message("call", sid, "duplicate-task-id", "guess", {"word": "zzzzz"}, 30, "nobody")
+    cluster.redis.lpush(f"{cluster.prefix}:inbox:{runner}", message, message)
     key = f"{cluster.prefix}:result:duplicate-task-id"
     wait_until(lambda: cluster.redis.get(key), 10, "duplicate call result")
     r = httpx.post(f"{gateway.url}/wordle/call", headers=h(owner, sid), timeout=30,

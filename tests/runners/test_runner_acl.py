@@ -60,16 +60,17 @@ def test_each_runner_serves_episodes_under_its_own_user_which_reaches_nothing_of
     assert {r["runner"].partition("#")[0] for r in records} == {first, second}
 
     node = redis.Redis.from_url(node_users[first])
-    assert node.llen(f"{first}.dq2") >= 0  # its own queue
+    assert node.llen(f"{cluster.prefix}:inbox:{first}") >= 0  # its own inbox
     forbidden = [
         ("KEYS", "*"), ("SCAN", "0"), ("MONITOR",), ("FLUSHALL",), ("CONFIG", "GET", "*"), ("CLIENT", "LIST"),
         ("GET", f"{cluster.prefix}:state:{sids[0]}"), ("GET", f"{cluster.prefix}:result:x"),
         ("GET", "some-other-key"),
-        # the other node's queue: neither read, nor taken from, nor fed
-        ("LRANGE", f"{second}.dq2", "0", "-1"), ("RPOP", f"{second}.dq2"), ("LPUSH", f"{second}.dq2", "x"),
-        ("BRPOP", f"{second}.dq2", "1"),
-        # a queue every node would share (nodes consume only their own)
-        ("LRANGE", "ors-runners-unused", "0", "-1"),
+        # the other node's inbox: neither read, nor taken from, nor fed
+        ("LRANGE", f"{cluster.prefix}:inbox:{second}", "0", "-1"), ("RPOP", f"{cluster.prefix}:inbox:{second}"),
+        ("LPUSH", f"{cluster.prefix}:inbox:{second}", "x"), ("BRPOP", f"{cluster.prefix}:inbox:{second}", "1"),
+        ("BLMPOP", "1", "1", f"{cluster.prefix}:inbox:{second}", "RIGHT"),
+        # its own inbox is only taken from: a node cannot feed itself work nor scripts run anything
+        ("LPUSH", f"{cluster.prefix}:inbox:{first}", "x"), ("EVAL", "return 1", "0"),
         # the other node's heartbeat and the other node's channels to the gateways
         ("SET", f"{cluster.prefix}:runner:{second}", "{}"),
         ("PUBLISH", f"{cluster.prefix}:sessions:{second}", "{}"),
