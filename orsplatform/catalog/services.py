@@ -28,8 +28,9 @@ from orsplatform.catalog.errors import one_line, tenant_output
 from orsplatform.catalog.ingest import IngestError, TaskQuotaExceeded, UploadTooLarge
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.celery import task
+from orsplatform.episodes.models import Session
 from orsplatform.runners.inspection import Results, run_child
-from orsplatform.teams.models import Team
+from orsplatform.teams.models import ApiKey, Team
 from orsplatform.teams.services import validate_slug
 from orsplatform.verify import config as verify_config
 from orsplatform.verify.services import verification_plan
@@ -498,6 +499,11 @@ def version_build(*, version_id: int) -> EnvironmentVersion:
             with transaction.atomic():
                 # No select_related: PostgreSQL cannot lock the nullable side of an outer join.
                 environment = Environment.objects.select_for_update().get(id=version.environment_id)
+                if environment.deleted_at is not None:
+                    raise PublishError(DELETED_ERROR, check="deleted")
+                version.refresh_from_db(fields=["status"])
+                if version.status != EnvironmentVersion.Status.BUILDING:
+                    raise PublishError(DELETED_ERROR, check="deleted")
                 version.pyenv = built.path.name
                 _version_fill(environment=environment, version=version, report=report, work=work,
                               task_files=task_files, manifest=version.manifest,
@@ -549,7 +555,7 @@ def versions_fail_stalled_builds(*, older_than_seconds: float, limit: int | None
 def pyenvs_collect_unused() -> list[str]:
     """Remove the built Python environments that no version uses any more."""
     keep = set(EnvironmentVersion.objects.exclude(pyenv="").exclude(status=EnvironmentVersion.Status.FAILED)
-               .values_list("pyenv", flat=True))
+               .filter(environment__deleted_at__isnull=True).values_list("pyenv", flat=True))
     return pyenvs.collect(keep, grace_seconds=settings.ORS_PYENV_GRACE_SECONDS)
 
 
@@ -591,6 +597,79 @@ def environment_rollback(*, environment: Environment, number: int) -> Environmen
         locked.save(update_fields=["current_version"])
     environment.current_version = version
     return version
+
+
+class EnvironmentGone(LookupError):
+    """The environment was deleted meanwhile (a second delete, a build finishing after it)."""
+
+
+DELETED_ERROR = "The environment was deleted while this version was being built; nothing was published."
+
+
+@dataclass(frozen=True)
+class DeleteReport:
+    name: str  # team/slug as it was
+    sessions_kept: int
+    open_sessions: int  # not cut: they run to their end on the workers that hold them
+    keys_revoked: int
+    packages_removed: int
+    packages_kept: int  # still read by open sessions, or by another environment's version
+
+
+def _deleted_slug(environment: Environment) -> str:
+    """A slug that frees the name for a new environment and still says what it was."""
+    suffix = f"-deleted-{environment.id}"
+    return environment.slug[: 63 - len(suffix)] + suffix
+
+
+def environment_delete(*, environment: Environment, deleted_by=None) -> DeleteReport:
+    """Delete an environment for its team. What the platform recorded of it is kept: its row
+    (renamed, so its name is free again), its versions and every session, tool call and
+    analytics figure that names it (the audit log); it simply is no longer served, listed or
+    resolved. Its tasks and splits go, keys bound to it are revoked, a build still running ends as
+    failed, and its stored packages are removed unless an open session or another environment's
+    version still reads them. Open sessions are not cut: the gateway that holds each one lets it
+    finish (new sessions are refused within ORS_CATALOG_CACHE_SECONDS); pooled workers retire
+    when idle, and Python environments are collected by pyenvs_collect_unused."""
+    with transaction.atomic():
+        locked = (Environment.objects.select_for_update().select_related("team")
+                  .filter(pk=environment.pk, deleted_at__isnull=True).first())
+        if locked is None:
+            raise EnvironmentGone(f"{environment.full_name} was already deleted.")
+        name = locked.full_name
+        building = list(locked.versions.filter(status__in=(EnvironmentVersion.Status.BUILDING,
+                                                            EnvironmentVersion.Status.VALIDATING)))
+        locked.versions.filter(id__in=[v.id for v in building]).update(
+            status=EnvironmentVersion.Status.FAILED, error=f"deleted: {DELETED_ERROR}")
+        Split.objects.filter(environment=locked).delete()  # their tasks and digests with them
+        keys = list(ApiKey.objects.filter(environment=locked, revoked_at__isnull=True).values_list("id", flat=True))
+        ApiKey.objects.filter(id__in=keys).update(revoked_at=timezone.now())
+        locked.slug, locked.current_version = _deleted_slug(locked), None
+        locked.visibility = Environment.Visibility.PRIVATE
+        locked.deleted_at, locked.deleted_by = timezone.now(), deleted_by
+        locked.save(update_fields=["slug", "current_version", "visibility", "deleted_at", "deleted_by"])
+    for version in building:
+        pyenvs.BuildLog(pyenvs.log_path(version.id)).write(f"[platform] failed (deleted): {DELETED_ERROR}")
+    sessions = Session.objects.filter(environment=locked)
+    open_sessions = sessions.filter(ended_at__isnull=True, status__in=(Session.Status.CREATING,
+                                                                        Session.Status.READY)).count()
+    removed = kept = 0
+    for version in locked.versions.all():
+        shared = EnvironmentVersion.objects.filter(content_hash=version.content_hash,
+                                                   environment__deleted_at__isnull=True).exclude(
+            status=EnvironmentVersion.Status.FAILED).exists()
+        if not Path(version.package_path).exists():
+            continue
+        if shared or open_sessions:
+            kept += 1
+            continue
+        pyenvs.record_runtime(version.package_path, None)
+        data.record(version.package_path, None)
+        shutil.rmtree(version.package_path, ignore_errors=True)
+        removed += 1
+    logger.info("environment %s deleted (now %s)", name, locked.slug)
+    return DeleteReport(name=name, sessions_kept=sessions.count(), open_sessions=open_sessions,
+                        keys_revoked=len(keys), packages_removed=removed, packages_kept=kept)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,11 @@ from orsplatform.catalog.models import Environment, IngestJob, Split
 from orsplatform.catalog.packages import remove_quietly, save_upload
 from orsplatform.catalog.protection import ProtectionError, split_protection_set
 from orsplatform.catalog.services import (
+    EnvironmentGone,
     PublishError,
     UploadTooLarge,
     VersionNotFound,
+    environment_delete,
     environment_publish_path,
     environment_rollback,
     ingest_job_create,
@@ -75,6 +77,7 @@ def _page(request: HttpRequest, team: Team, role: str, publisher: bool, *, packa
     page = catalog.environments_of_team_page(team=team, page=request.GET.get("page") or 1)
     return render(request, "console/environments.html", {
         "team": team, "role": role, "can_publish": publisher,
+        "can_delete": selectors.can_manage(user=request.user, role=role),
         "environments": page.object_list, "page": page,
         "jobs": catalog.ingest_jobs_of_team(team=team, limit=10),
         "package_form": package_form or PackageForm(), "task_form": task_form or TaskFileForm(team=team),
@@ -122,8 +125,8 @@ def package_upload(request: HttpRequest, slug: str) -> HttpResponse:
         remove_quietly(path)
     version = result.version
     if version.status == version.Status.BUILDING:
-        messages.success(request, f"{version.environment.full_name}@{version.number}: installing its requirements; "
-                                  "it is published when they are in and it passes validation.")
+        # No flash message: the version's page says where the build is (a banner that follows it),
+        # so a build failing at once never shows "installing" above "Status: failed".
         return redirect("console:version_build", slug=team.slug, env=version.environment.slug, number=version.number)
     if result.created:
         report = result.report
@@ -161,6 +164,38 @@ def version_rollback(request: HttpRequest, slug: str, env: str) -> HttpResponse:
                                                  require_https=request.is_secure()):
         return redirect(back)
     return redirect("console:environments", slug=team.slug)
+
+
+@login_required
+def environment_delete_view(request: HttpRequest, slug: str, env: str) -> HttpResponse:
+    """GET: what deleting it does, and a confirmation form; POST: delete. Owners and admins only
+    (members and viewers 403, another team 404)."""
+    team, role = selectors.team_for_user(user=request.user, slug=slug)
+    environment = catalog.environment_of_team(team_id=team.id, slug=env)
+    if environment is None:
+        raise Http404("No such environment.")
+    if not selectors.can_manage(user=request.user, role=role):
+        raise PermissionDenied("Only owners and admins delete environments.")
+    if request.method == "POST":
+        # The name typed again: a slip of the mouse on the wrong environment deletes nothing.
+        if request.POST.get("confirm", "").strip() != environment.full_name:
+            messages.error(request, f"Type {environment.full_name} to confirm; nothing was deleted.")
+            return redirect("console:environment_delete", slug=team.slug, env=environment.slug)
+        try:
+            report = environment_delete(environment=environment, deleted_by=request.user)
+        except EnvironmentGone as exc:
+            raise Http404("No such environment.") from exc
+        still = f"; {report.open_sessions} open session(s) run to their end" if report.open_sessions else ""
+        messages.success(request, f"Deleted {report.name}: its {report.sessions_kept} session(s) stay in the "
+                                  f"audit log and analytics{still}.")
+        return redirect("console:environments", slug=team.slug)
+    if request.method != "GET":
+        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+    return render(request, "console/environment_delete.html", {
+        "team": team, "environment": environment,
+        "preview": catalog.environment_delete_preview(environment=environment),
+        "last_version": environment.versions.order_by("-number").first(),
+    })
 
 
 @login_required
