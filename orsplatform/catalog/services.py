@@ -22,10 +22,10 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, 
 from django.db.models import Max, Sum
 from django.utils import timezone
 
-from orsplatform.catalog import data, ingest, packages, protection, pyenvs
+from orsplatform.catalog import data, ingest, packages, protection, pyenvs, row_check
 from orsplatform.catalog import requirements as package_requirements
 from orsplatform.catalog.errors import one_line, tenant_output
-from orsplatform.catalog.ingest import IngestError, TaskQuotaExceeded, UploadTooLarge
+from orsplatform.catalog.ingest import IngestError, RowsFailed, TaskQuotaExceeded, UploadTooLarge
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.celery import task
 from orsplatform.episodes.models import Session
@@ -676,6 +676,8 @@ def environment_delete(*, environment: Environment, deleted_by=None) -> DeleteRe
 class IngestResult:
     split: Split
     rows: int
+    # The row check's report ({} when it did not run): sampled rows and the failures accepted.
+    row_check: dict = field(default_factory=dict)
 
 
 def _infer_split_type(name: str) -> str:
@@ -711,10 +713,15 @@ def _check_declared_rows(path: Path, fmt: str, quota: ingest.Quota) -> None:
 def tasks_ingest(
     *, environment: Environment, split_name: str, mode: str, path: Path, fmt: str,
     split_type: str | None = None, progress: ingest.Progress | None = None, allow_empty: bool = False,
+    check_rows: int = 0, accept_failing_rows: bool = False,
 ) -> IngestResult:
     """Stream a task file into a split, all or nothing: ``replace`` swaps the split's tasks, ``append``
     adds after the last one. The whole ingest is one transaction, so readers see the old tasks until
-    it commits, and a bad row (reported with its line) leaves the split exactly as it was."""
+    it commits, and a bad row (reported with its line) leaves the split exactly as it was.
+
+    ``check_rows``: that many rows (the first, the others at random) are run through the served
+    version's setup() and get_prompt() before the commit (catalog/row_check.py); rows that fail
+    refuse the file (RowsFailed) unless ``accept_failing_rows``, which keeps them as warnings."""
     ingest.validate_split_name(split_name)
     if mode not in IngestJob.Mode.values:
         raise IngestError(f"Unknown mode {mode!r}: use append or replace.")
@@ -735,10 +742,24 @@ def tasks_ingest(
             start = 0
         else:
             start = split.num_tasks
+        sampler = row_check.Sampler(size=check_rows)
         with ingest.TaskWriter(split.id, start) as writer:
-            rows = ingest.stream_into(path=path, fmt=fmt, writer=writer, progress=progress, quota=quota)
+            rows = ingest.stream_into(path=path, fmt=fmt, writer=writer, progress=progress, quota=quota,
+                                      sample=sampler if check_rows > 0 else None)
         if rows == 0 and not allow_empty:
             raise IngestError("The file holds no tasks.")
+        checked = {}
+        if check_rows > 0:
+            # Task indexes as the rows will have them; the split's protection as it stands.
+            sampled = [(start + position, line, text) for position, line, text in sampler.rows()]
+            outcome = row_check.rows_check(version=environment.current_version, split=split, rows=sampled)
+            if outcome.failures and not accept_failing_rows:
+                raise RowsFailed(
+                    f"{len(outcome.failures)} of the {outcome.sampled} rows run through the environment failed "
+                    f"(setup() and get_prompt(), as a session starts); no task was written. Fix the rows or "
+                    f"the code, or upload again accepting failing rows.",
+                    [{**f, "line": f["line"]} for f in outcome.failures], sampled=outcome.sampled)
+            checked = outcome.as_report()
         split.num_tasks = start + rows
         split.revision += 1
         if split_type:
@@ -746,7 +767,7 @@ def tasks_ingest(
         split.save(update_fields=["num_tasks", "revision", "type"])
         if split.hidden_fields or mode == IngestJob.Mode.REPLACE:
             protection.split_digests_refresh(split=split, start=start)
-    return IngestResult(split=split, rows=rows)
+    return IngestResult(split=split, rows=rows, row_check=checked)
 
 
 class _JobProgress:
@@ -773,9 +794,10 @@ class _JobProgress:
 
 def ingest_job_create(
     *, environment: Environment, split_name: str, mode: str, upload, fmt: str | None = None,
-    split_type: str | None = None, created_by=None,
+    split_type: str | None = None, created_by=None, accept_failing_rows: bool = False,
 ) -> IngestJob:
-    """Save an uploaded task file and queue its ingest (run by a Celery worker, or at once when eager)."""
+    """Save an uploaded task file and queue its ingest (run by a Celery worker, or at once when eager).
+    ``accept_failing_rows``: rows failing the row check are kept as warnings, not a refusal."""
     ingest.validate_split_name(split_name)
     if mode not in IngestJob.Mode.values:
         raise IngestError(f"Unknown mode {mode!r}: use append or replace.")
@@ -797,7 +819,7 @@ def ingest_job_create(
     job = IngestJob.objects.create(
         team=environment.team, environment=environment, split_name=split_name, split_type=split_type or "",
         mode=mode, format=fmt, file_name=(upload.name or "")[:255], source_path=str(path),
-        bytes_total=path.stat().st_size, created_by=created_by,
+        bytes_total=path.stat().st_size, created_by=created_by, accept_failing_rows=accept_failing_rows,
     )
     transaction.on_commit(lambda: task("catalog.ingest_tasks").delay(job.id))
     return job
@@ -844,14 +866,18 @@ def ingest_job_run(*, job_id: int) -> IngestJob:
             return job
         progress = _JobProgress(job.id)
         source = job.source_path
-        fields = ["status", "error_report", "rows_done", "bytes_done", "num_tasks", "finished_at", "source_path"]
+        fields = ["status", "error_report", "rows_done", "bytes_done", "num_tasks", "finished_at", "source_path",
+                  "row_check"]
         try:
+            if Environment.objects.filter(id=job.environment_id, deleted_at__isnull=False).exists():
+                raise IngestError("The environment was deleted; no task was written.")
             with transaction.atomic():
                 result = tasks_ingest(environment=job.environment, split_name=job.split_name, mode=job.mode,
                                       path=Path(source), fmt=job.format, split_type=job.split_type or None,
-                                      progress=progress)
+                                      progress=progress, check_rows=settings.ORS_TASK_CHECK_ROWS,
+                                      accept_failing_rows=job.accept_failing_rows)
                 job.status, job.rows_done, job.bytes_done = IngestJob.Status.SUCCEEDED, result.rows, job.bytes_total
-                job.num_tasks = result.split.num_tasks
+                job.num_tasks, job.row_check = result.split.num_tasks, result.row_check
                 job.finished_at, job.source_path = timezone.now(), ""
                 job.save(update_fields=fields)
             return job

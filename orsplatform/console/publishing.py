@@ -58,6 +58,10 @@ class TaskFileForm(forms.Form):
                                                         ("csv", "CSV"), ("parquet", "Parquet")])
     mode = forms.ChoiceField(choices=IngestJob.Mode.choices, initial=IngestJob.Mode.APPEND)
     file = forms.FileField(help_text="One task per line (JSONL) or row (CSV, Parquet).")
+    accept_failing_rows = forms.BooleanField(
+        required=False, label="Accept rows that fail the check",
+        help_text="A sample of rows runs through the environment's setup() and get_prompt() first; by default a "
+                  "failing row refuses the upload, with this it is kept and reported as a warning.")
 
     def __init__(self, *args, team: Team, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -209,7 +213,8 @@ def tasks_upload(request: HttpRequest, slug: str) -> HttpResponse:
     try:
         job = ingest_job_create(environment=data["environment"], split_name=data["split"], mode=data["mode"],
                                 upload=data["file"], fmt=data["format"] or None,
-                                split_type=data["split_type"] or None, created_by=request.user)
+                                split_type=data["split_type"] or None, created_by=request.user,
+                                accept_failing_rows=data["accept_failing_rows"])
     except IngestError as exc:
         form.add_error("file", str(exc))
         return _page(request, team, role, publisher, task_form=form,
@@ -249,7 +254,7 @@ def _job(request: HttpRequest, slug: str, job_id: int) -> tuple[Team, IngestJob]
 def _job_json(job: IngestJob) -> dict:
     return {"id": job.id, "status": job.status, "finished": job.finished, "percent": job.percent,
             "rows_done": job.rows_done, "bytes_done": job.bytes_done, "bytes_total": job.bytes_total,
-            "num_tasks": job.num_tasks, "error_report": job.error_report}
+            "num_tasks": job.num_tasks, "error_report": job.error_report, "row_check": job.row_check}
 
 
 @login_required
