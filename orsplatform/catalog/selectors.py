@@ -184,8 +184,13 @@ def task_specs_range(*, split_id: int, start: int, stop: int) -> list:
 
 
 def environment_get_visible(*, caller: Caller, team_slug: str, slug: str) -> Environment | None:
+    # Another team sees an environment only once a version of it is served (a failed first build
+    # is its own team's business, whatever visibility it asked for).
+    served = Q(current_version__isnull=False)
+    if caller.team_id is not None:
+        served |= Q(team_id=caller.team_id)
     return (Environment.objects.select_related("team", "current_version")
-            .filter(_visible(caller), team__slug=team_slug, slug=slug).first())
+            .filter(_visible(caller), served, team__slug=team_slug, slug=slug).first())
 
 
 # --- publishing: reads for the REST API and the console ----------------------------------------------

@@ -12,7 +12,9 @@ import textwrap
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management import CommandError, call_command
 
 from orsplatform.catalog.models import Environment, IngestJob, Split
 from orsplatform.catalog.protection import split_protection_set
@@ -185,3 +187,20 @@ def test_the_sampler_keeps_the_first_row_and_a_uniform_sample_of_the_rest():
     for position in range(3):
         small(position, position + 1, b"{}")
     assert [r[0] for r in small.rows()] == [0, 1, 2]
+
+
+def test_the_cli_refuses_failing_rows_and_its_flag_accepts_them(owner, tmp_path):
+    _published(owner)
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(jsonl(TYPO))
+    err = io.StringIO()
+    with pytest.raises(CommandError) as failure:
+        call_command("upload_tasks", "acme/reader", "train", str(path), stderr=err)
+    assert "no task was written" in str(failure.value)
+    assert "row 2 (line 3), field 'text': KeyError: 'text'" in err.getvalue() and _num_tasks() == 0
+    out, err = io.StringIO(), io.StringIO()
+    call_command("upload_tasks", "acme/reader", "train", str(path), "--accept-failing-rows", stdout=out, stderr=err)
+    assert "3 task(s) added" in out.getvalue() and err.getvalue().startswith("warning: row 2 (line 3)")
+    assert _num_tasks() == 3
+    with pytest.raises(CommandError):
+        call_command("upload_tasks", "globex/reader", "train", str(path))
