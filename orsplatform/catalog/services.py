@@ -758,7 +758,7 @@ def tasks_ingest(
                     f"{len(outcome.failures)} of the {outcome.sampled} rows run through the environment failed "
                     f"(setup() and get_prompt(), as a session starts); no task was written. Fix the rows or "
                     f"the code, or upload again accepting failing rows.",
-                    [{**f, "line": f["line"]} for f in outcome.failures], sampled=outcome.sampled)
+                    outcome.failures, sampled=outcome.sampled)
             checked = outcome.as_report()
         split.num_tasks = start + rows
         split.revision += 1

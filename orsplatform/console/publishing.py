@@ -65,7 +65,7 @@ class TaskFileForm(forms.Form):
 
     def __init__(self, *args, team: Team, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["environment"].queryset = Environment.objects.filter(team=team).order_by("slug")
+        self.fields["environment"].queryset = Environment.objects.filter(team=team, deleted_at__isnull=True).order_by("slug")
 
 
 def _team(request: HttpRequest, slug: str, *, write: bool = False) -> tuple[Team, str, bool]:
