@@ -6,6 +6,7 @@ end, and a build page's banner and log colour follow the build. Real builds, rea
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from django.contrib.auth import get_user_model
@@ -34,8 +35,16 @@ def _wait_finished(slug: str, number: int = 1) -> EnvironmentVersion:
     return EnvironmentVersion.objects.get(environment__slug=slug, number=number)
 
 
+def _banner(page: str) -> tuple[str, str]:
+    """The build page's banner: its class and its text."""
+    found = re.search(r'<p id="build-banner" class="([^"]*)" role="status">([^<]*)</p>', page)
+    assert found, "no banner"
+    return found.group(1), found.group(2)
+
+
 async def _call(client, headers: dict, sid: str, name: str, body: dict) -> dict:
     r = await client.post("/call", headers={**headers, "X-Session-ID": sid}, json={"name": name, "input": body})
+    assert r.status_code == 200, r.text
     return sse_result(r.text)
 
 
@@ -45,11 +54,13 @@ async def _call(client, headers: dict, sid: str, name: str, body: dict) -> dict:
 async def test_an_owner_deletes_an_environment_after_a_confirmation_page_and_its_sessions_stay(
         client, owner, settings):
     settings.ORS_CATALOG_CACHE_SECONDS = 0
+    settings.ORS_SETUP_WAIT_SECONDS = 120  # a worker's start on a loaded machine: waited for, not retried
     r = await in_thread(publish)(owner, "echo", "echo.zip", zip_bytes({"env.py": echo_env("one")}))
     assert r.status_code == 201, r.json()
     sid = await start_episode(client, owner.headers, env="acme/echo", split="train", index=1)
     result = await _call(client, owner.headers, sid, "say", {"word": "trainword1"})
     assert result["output"]["finished"] is True
+    assert (await client.post("/delete", headers={**owner.headers, "X-Session-ID": sid})).status_code == 200
     package = (await in_thread(EnvironmentVersion.objects.get)(environment__slug="echo")).package_path
 
     web = await in_thread(login)(owner)
@@ -130,6 +141,7 @@ def test_keys_bound_to_a_deleted_environment_are_revoked(owner):
 
 async def test_an_open_session_runs_to_its_end_after_its_environment_is_deleted(client, owner, settings):
     settings.ORS_CATALOG_CACHE_SECONDS = 0
+    settings.ORS_SETUP_WAIT_SECONDS = 120  # a worker's start on a loaded machine: waited for, not retried
     assert (await in_thread(publish)(owner, "echo", "echo.py", echo_env("one"))).status_code == 201
     sid = await start_episode(client, owner.headers, env="acme/echo", split="test", index=0)
     r = await in_thread(_delete)(owner, "echo")
@@ -158,8 +170,8 @@ def test_a_failed_first_build_is_marked_for_its_team_hidden_from_others_and_dele
 
     build = web.get(r["Location"]).content.decode()
     # The banner says what happened, in red; nothing green says it is installing.
-    assert '<p id="build-banner" class="banner bad"' in build and "The build failed" in build
-    assert "Installing its requirements" not in build and "installing its requirements" not in build
+    assert _banner(build) == ("banner bad", "The build failed: nothing was published.")
+    assert '<ul class="messages">' not in build and ">Installing its requirements" not in build
     assert '<pre id="build-log" class="traceback"' in build and "no-such-package-ors-xyz" in build
 
     listing = web.get("/console/acme/environments/").content.decode()
@@ -191,12 +203,12 @@ def test_a_successful_build_shows_a_green_banner_and_its_log_not_as_an_error(own
     # Whatever the build's state when the page is first drawn, banner and status agree.
     status = EnvironmentVersion.objects.get(environment__slug="edict", number=1).status
     if status == EnvironmentVersion.Status.BUILDING:
-        assert '<p id="build-banner" class="banner "' in first and "Installing its requirements" in first
-        assert "The build failed" not in first
+        assert _banner(first) == ("banner ", "Installing its requirements: it is published when they are in and "
+                                             "it passes validation.")
     version = _wait_finished("edict")
     assert version.status == EnvironmentVersion.Status.READY, version.error
     page = web.get(r["Location"]).content.decode()
-    assert '<p id="build-banner" class="banner ok"' in page and "Built and validated." in page
+    assert _banner(page) == ("banner ok", "Built and validated.")
     assert '<pre id="build-log" class="log"' in page and 'class="traceback"' not in page
     assert "ready: acme/edict@1" in page
 
