@@ -191,7 +191,8 @@ def test_a_failed_first_build_is_marked_for_its_team_hidden_from_others_and_dele
 
     assert web.post("/console/acme/environments/ghost/delete", {"confirm": "acme/ghost"}).status_code == 302
     assert web.get("/environments/acme/ghost/").status_code == 404
-    assert "ghost" not in web.get("/console/acme/environments/").content.decode()
+    listing = web.get("/console/acme/environments/").content.decode()
+    assert "Deleted acme/ghost" in listing and 'href="/environments/acme/ghost/"' not in listing
 
 
 def test_a_successful_build_shows_a_green_banner_and_its_log_not_as_an_error(owner):
