@@ -378,7 +378,7 @@ ORS_MAX_TASKS_PER_SPLIT = env_int("ORS_MAX_TASKS_PER_SPLIT", 1_000_000)
 # random) run through the environment's setup() and get_prompt() in the sandbox before the upload
 # is accepted (0: none), and how long the check of all of them may take.
 ORS_TASK_CHECK_ROWS = env_int("ORS_TASK_CHECK_ROWS", 20)
-ORS_TASK_CHECK_TIMEOUT_SECONDS = env_float("ORS_TASK_CHECK_TIMEOUT_SECONDS", 60.0)
+ORS_TASK_CHECK_TIMEOUT_SECONDS = env_float("ORS_TASK_CHECK_TIMEOUT_SECONDS", 120.0)
 ORS_MAX_TASKS_PER_TEAM = env_int("ORS_MAX_TASKS_PER_TEAM", 5_000_000)
 # Staged uploads older than this (files in ORS_UPLOAD_DIR no queued or running ingest job holds, and
 # half-stored packages) are removed by `manage.py cleanup_staged` and the catalog.cleanup_staged beat
