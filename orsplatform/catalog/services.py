@@ -654,7 +654,10 @@ def environment_delete(*, environment: Environment, deleted_by=None) -> DeleteRe
     open_sessions = sessions.filter(ended_at__isnull=True, status__in=(Session.Status.CREATING,
                                                                         Session.Status.READY)).count()
     removed = kept = 0
-    for version in locked.versions.all():
+    # A build still running reads its package until it ends; it removes the package itself then
+    # (_version_fail: no version serves that content).
+    building_ids = {v.id for v in building}
+    for version in locked.versions.exclude(id__in=building_ids):
         shared = EnvironmentVersion.objects.filter(content_hash=version.content_hash,
                                                    environment__deleted_at__isnull=True).exclude(
             status=EnvironmentVersion.Status.FAILED).exists()
