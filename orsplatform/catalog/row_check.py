@@ -67,10 +67,14 @@ class RowCheck:
     sampled: int
     failures: list[dict]  # {"row", "line", "field", "error", "traceback"}
     skipped: str = ""  # why no row was run (no version is served yet), else ""
+    # Why the check stopped before its last row (its time limit, its process killed): a warning,
+    # never a refusal by itself, so a loaded machine does not refuse good files.
+    incomplete: str = ""
 
     def as_report(self) -> dict:
         return {"sampled": self.sampled, "failed": len(self.failures), "failures": self.failures,
-                **({"skipped": self.skipped} if self.skipped else {})}
+                **({"skipped": self.skipped} if self.skipped else {}),
+                **({"incomplete": self.incomplete} if self.incomplete else {})}
 
 
 def _blanked_values(spec: Any, split: Split | None) -> list[str]:
@@ -126,17 +130,18 @@ def rows_check(*, version: EnvironmentVersion | None, split: Split | None,
     report = results.report() or {}
     failures = [f for f in report.get("failures") or [] if isinstance(f, dict) and f.get("row") in specs]
     lines = {row: line for row, line, _ in rows}
+    incomplete = ""
     if report.get("ok") is not True:
         running = report.get("running")
-        if run.refused:
-            why = f"the check's process {run.refused}"
-        elif not run.exited:
-            why = f"the check did not finish within {timeout:g} s"
-        else:
-            why = str(report.get("error") or f"the check's process ended ({run.how()}) without a report")
-        failures.append({"row": running if running in specs else None,
-                         "line": lines.get(running), "field": None,
-                         "error": why[:2000], "traceback": str(report.get("traceback") or "")[-8000:]})
+        if run.refused or not run.exited:
+            why = f"its process {run.refused}" if run.refused else f"it did not finish within {timeout:g} s"
+            at = f" at row {running} (line {lines.get(running)})" if running in specs else ""
+            incomplete = f"the check stopped{at}: {why}; the rows after it were not run"
+        else:  # the environment itself could not be loaded: every row would fail
+            failures.append({"row": None, "line": None, "field": None,
+                             "error": str(report.get("error") or f"the check's process ended ({run.how()}) "
+                                                                 "without a report")[:2000],
+                             "traceback": str(report.get("traceback") or "")[-8000:]})
     shown = []
     for failure in failures:
         spec = specs.get(failure.get("row"))
@@ -147,7 +152,7 @@ def rows_check(*, version: EnvironmentVersion | None, split: Split | None,
             "error": _blank(str(failure.get("error", ""))[:2000], blanked) + _hint(name, spec, split),
             "traceback": _blank(str(failure.get("traceback", ""))[-8000:], blanked),
         })
-    return RowCheck(sampled=len(rows), failures=shown)
+    return RowCheck(sampled=len(rows), failures=shown, incomplete=incomplete)
 
 
 def describe(failure: dict) -> str:
