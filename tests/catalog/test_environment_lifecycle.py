@@ -216,7 +216,8 @@ def test_a_successful_build_shows_a_green_banner_and_its_log_not_as_an_error(own
 
 
 def test_a_build_still_running_when_its_environment_is_deleted_publishes_nothing(owner):
-    r = publish(owner, "late", "late.zip", zip_bytes(edict("late")))
+    # Requirements no earlier test built: the build installs them (seconds), the delete lands in milliseconds.
+    r = publish(owner, "late", "late.zip", zip_bytes(edict("late", requirement="easydict==1.12")))
     assert r.status_code == 202, r.json()
     assert _delete(owner, "late").status_code == 200
     version = EnvironmentVersion.objects.get(environment__slug__startswith="late-deleted-", number=1)
