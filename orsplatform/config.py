@@ -334,6 +334,11 @@ _num("ORS_MAX_TASK_FILE_BYTES", 4 * GiB, "One uploaded task file.")
 _num("ORS_MAX_TASK_BYTES", 8 * MiB, "One task (one JSONL line).")
 _num("ORS_MAX_TASKS_PER_SPLIT", 1_000_000, "Tasks in one split (an ingest past it is refused whole, 413).")
 _num("ORS_MAX_TASKS_PER_TEAM", 5_000_000, "Tasks in all of a team's splits.")
+_num("ORS_TASK_CHECK_ROWS", 20, "Rows of a task upload (the first, others at random) run through the "
+     "environment's setup() and get_prompt() in the sandbox before it is accepted; 0: none "
+     "(docs/environment-lifecycle.md).")
+_num("ORS_TASK_CHECK_TIMEOUT_SECONDS", 120.0, "How long the row check of one upload may take; rows not "
+     "reached are an `incomplete` warning.")
 _num("ORS_MAX_DATA_ARCHIVE_BYTES", 1 * GiB, "One data archive uploaded beside a package (docs/data.md).")
 _num("ORS_MAX_DATA_UNPACKED_BYTES", 8 * GiB, "A data archive unpacked.")
 _num("ORS_MAX_DATA_FILES", 100_000, "A data archive's entries.")

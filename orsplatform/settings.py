@@ -390,6 +390,11 @@ ORS_MAX_PACKAGE_PATH_DEPTH = env["ORS_MAX_PACKAGE_PATH_DEPTH"]
 ORS_MAX_PACKAGE_PATH_BYTES = env["ORS_MAX_PACKAGE_PATH_BYTES"]
 ORS_MAX_TASKS_PER_SPLIT = env["ORS_MAX_TASKS_PER_SPLIT"]
 ORS_MAX_TASKS_PER_TEAM = env["ORS_MAX_TASKS_PER_TEAM"]
+# The row check of a task upload (catalog/row_check.py): how many rows (the first, and others at
+# random) run through the environment's setup() and get_prompt() in the sandbox before the upload
+# is accepted (0: none), and how long the check of all of them may take.
+ORS_TASK_CHECK_ROWS = env["ORS_TASK_CHECK_ROWS"]
+ORS_TASK_CHECK_TIMEOUT_SECONDS = env["ORS_TASK_CHECK_TIMEOUT_SECONDS"]
 # Staged uploads older than this (files in ORS_UPLOAD_DIR no queued or running ingest job holds, and
 # half-stored packages) are removed by `manage.py cleanup_staged` and the catalog.cleanup_staged beat
 # task (every ORS_CLEANUP_EVERY_SECONDS); an ingest job `running` this long with no live process is failed.

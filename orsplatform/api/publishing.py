@@ -141,6 +141,10 @@ class IngestJobSerializer(serializers.Serializer):
     percent = serializers.IntegerField()
     num_tasks = serializers.IntegerField(allow_null=True)
     error_report = serializers.JSONField()
+    accept_failing_rows = serializers.BooleanField()
+    row_check = serializers.JSONField(help_text="the row check of an accepted upload: rows sampled, and the "
+                                                "failing rows accepted as warnings (row, line, field, error, "
+                                                "traceback)")
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
@@ -164,6 +168,9 @@ class TaskUploadQuery(serializers.Serializer):
     mode = serializers.ChoiceField(choices=IngestJob.Mode.values, default=IngestJob.Mode.APPEND)
     format = serializers.ChoiceField(choices=["jsonl", "csv", "parquet"], required=False)
     type = serializers.ChoiceField(choices=Split.Type.values, required=False)
+    accept_failing_rows = serializers.BooleanField(
+        default=False, help_text="Rows that fail the row check (a sample run through setup() and get_prompt()) "
+                                 "are accepted and reported as warnings; by default they refuse the upload.")
 
 
 def _visible_environment(request, team: str, slug: str) -> Environment:
@@ -399,14 +406,16 @@ class SplitTasksView(APIView):
         if refused is not None:
             return refused
         query = TaskUploadQuery(data={**request.query_params.dict(),
-                                      **{k: v for k, v in request.data.items() if k in ("mode", "format", "type")}})
+                                      **{k: v for k, v in request.data.items()
+                                         if k in ("mode", "format", "type", "accept_failing_rows")}})
         if not query.is_valid():
             raise ValidationError(query.errors)
         upload = _upload(request, "file")
         try:
             job = ingest_job_create(environment=environment, split_name=split, mode=query.validated_data["mode"],
                                     upload=upload, fmt=query.validated_data.get("format"),
-                                    split_type=query.validated_data.get("type"))
+                                    split_type=query.validated_data.get("type"),
+                                    accept_failing_rows=query.validated_data["accept_failing_rows"])
         except UploadTooLarge as exc:
             return Response(exc.report(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         except IngestError as exc:

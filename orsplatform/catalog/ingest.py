@@ -55,6 +55,18 @@ class IngestError(Exception):
         return {"detail": str(self), "errors": self.errors}
 
 
+class RowsFailed(IngestError):
+    """Sampled rows that fail in the environment (catalog/row_check.py): the upload is refused
+    unless its author accepted failing rows."""
+
+    def __init__(self, message: str, errors: list[dict], sampled: int) -> None:
+        super().__init__(message, errors)
+        self.sampled = sampled
+
+    def report(self) -> dict:
+        return {**super().report(), "check": "rows", "sampled": self.sampled}
+
+
 class UploadTooLarge(IngestError):
     """More than the platform takes: answered 413."""
 
@@ -359,8 +371,11 @@ class TaskWriter:
         self.rows = []
 
 
+Sample = Callable[[int, int, bytes], None]  # (position in the file from 0, line or row number, task JSON)
+
+
 def stream_into(*, path: Path, fmt: str, writer: TaskWriter, progress: Progress | None = None,
-                quota: Quota | None = None) -> int:
+                quota: Quota | None = None, sample: Sample | None = None) -> int:
     """Reads ``path`` and writes its tasks; returns how many. After the first bad row nothing more is
     written, but reading goes on to report up to MAX_ERRORS bad rows in one IngestError (the caller's
     transaction then rolls back what was written). The first row past ``quota.room`` stops the read
@@ -370,7 +385,7 @@ def stream_into(*, path: Path, fmt: str, writer: TaskWriter, progress: Progress 
     last = time.monotonic()
     room = quota.room if quota is not None else None
     accepted = 0
-    for _, text in READERS[fmt](path, errors, position):
+    for line, text in READERS[fmt](path, errors, position):
         if errors:
             if errors.full:
                 break
@@ -378,6 +393,8 @@ def stream_into(*, path: Path, fmt: str, writer: TaskWriter, progress: Progress 
         accepted += 1
         if room is not None and accepted > room:
             raise TaskQuotaExceeded(quota.message)
+        if sample is not None:
+            sample(accepted - 1, line, text)
         writer.add(text)
         if progress is not None and not writer.rows:  # a batch has just been written
             now = time.monotonic()

@@ -19,6 +19,12 @@ class Environment(models.Model):
         "EnvironmentVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # Deleted by its team (catalog.services.environment_delete): the row stays so that the sessions,
+    # tool calls and analytics that name it (the audit log) survive, under a renamed slug that
+    # frees the name; nothing serves, lists or resolves it any more.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["team", "slug"], name="environment_team_slug_unique")]
@@ -169,6 +175,11 @@ class IngestJob(models.Model):
     bytes_total = models.PositiveBigIntegerField(default=0)
     num_tasks = models.PositiveIntegerField(null=True, blank=True)  # the split's count after success
     error_report = models.JSONField(default=dict, blank=True)
+    # The row check (catalog/row_check.py): a sample of rows run through the environment's setup()
+    # and get_prompt(). Rows that fail refuse the upload unless the author accepted them, in which
+    # case they are kept here as warnings ({"row", "line", "field", "error", "traceback"}).
+    accept_failing_rows = models.BooleanField(default=False)
+    row_check = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -10,7 +10,9 @@ from django.conf import settings
 from django.db.models import Q
 
 from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
+from orsplatform.episodes.models import Session
 from orsplatform.teams.auth import Caller
+from orsplatform.teams.models import ApiKey
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,9 @@ def _visible(caller: Caller) -> Q:
     visible = Q(visibility=Environment.Visibility.PUBLIC)
     if caller.team_id is not None:
         visible |= Q(team_id=caller.team_id)
-    return visible
+    # A deleted environment keeps its row for the audit log (services.environment_delete) and is
+    # resolved by no one: every face and the catalog read through here.
+    return visible & Q(deleted_at__isnull=True)
 
 
 def environments_visible(*, caller: Caller) -> list[Environment]:
@@ -180,19 +184,25 @@ def task_specs_range(*, split_id: int, start: int, stop: int) -> list:
 
 
 def environment_get_visible(*, caller: Caller, team_slug: str, slug: str) -> Environment | None:
+    # Another team sees an environment only once a version of it is served (a failed first build
+    # is its own team's business, whatever visibility it asked for).
+    served = Q(current_version__isnull=False)
+    if caller.team_id is not None:
+        served |= Q(team_id=caller.team_id)
     return (Environment.objects.select_related("team", "current_version")
-            .filter(_visible(caller), team__slug=team_slug, slug=slug).first())
+            .filter(_visible(caller), served, team__slug=team_slug, slug=slug).first())
 
 
 # --- publishing: reads for the REST API and the console ----------------------------------------------
 
 def environment_of_team(*, team_id: int, slug: str) -> Environment | None:
     """The caller's own environment (for writes): another team's is indistinguishable from none."""
-    return Environment.objects.select_related("team", "current_version").filter(team_id=team_id, slug=slug).first()
+    return (Environment.objects.select_related("team", "current_version")
+            .filter(team_id=team_id, slug=slug, deleted_at__isnull=True).first())
 
 
 def environments_of_team(*, team) -> list[Environment]:
-    return list(Environment.objects.filter(team=team).select_related("team", "current_version")
+    return list(Environment.objects.filter(team=team, deleted_at__isnull=True).select_related("team", "current_version")
                 .prefetch_related("versions", "task_splits").order_by("slug"))
 
 
@@ -200,7 +210,7 @@ def environments_of_team_page(*, team, page: int | str, per_page: int = 20):
     """One page of the team's environments; versions and splits are fetched for that page only."""
     from django.core.paginator import Paginator
 
-    qs = (Environment.objects.filter(team=team).select_related("team", "current_version")
+    qs = (Environment.objects.filter(team=team, deleted_at__isnull=True).select_related("team", "current_version")
           .prefetch_related("versions", "task_splits").order_by("slug"))
     return Paginator(qs, per_page).get_page(page)
 
@@ -219,6 +229,27 @@ def rollback_undo(*, team_id: int, ref: str) -> dict | None:
         return None
     return {"environment": version.environment, "number": version.number,
             "current": getattr(version.environment.current_version, "number", None)}
+@dataclass(frozen=True)
+class DeletePreview:
+    """What deleting an environment touches, for its confirmation page."""
+
+    sessions: int
+    open_sessions: int
+    splits: int
+    tasks: int
+    bound_keys: int
+
+
+def environment_delete_preview(*, environment: Environment) -> DeletePreview:
+    sessions = Session.objects.filter(environment=environment)
+    splits = Split.objects.filter(environment=environment)
+    return DeletePreview(
+        sessions=sessions.count(),
+        open_sessions=sessions.filter(ended_at__isnull=True,
+                                      status__in=(Session.Status.CREATING, Session.Status.READY)).count(),
+        splits=splits.count(), tasks=sum(splits.values_list("num_tasks", flat=True)),
+        bound_keys=ApiKey.objects.filter(environment=environment, revoked_at__isnull=True).count(),
+    )
 
 
 def versions_of(*, environment: Environment) -> list[EnvironmentVersion]:

@@ -21,14 +21,15 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, 
 from django.db.models import Max, Sum
 from django.utils import timezone
 
-from orsplatform.catalog import data, ingest, packages, protection, pyenvs
+from orsplatform.catalog import data, ingest, packages, protection, pyenvs, row_check
 from orsplatform.catalog import requirements as package_requirements
 from orsplatform.catalog.errors import one_line, tenant_output
-from orsplatform.catalog.ingest import IngestError, TaskQuotaExceeded, UploadTooLarge
+from orsplatform.catalog.ingest import IngestError, RowsFailed, TaskQuotaExceeded, UploadTooLarge
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.celery import task
+from orsplatform.episodes.models import Session
 from orsplatform.runners.inspection import Results, run_child
-from orsplatform.teams.models import Team
+from orsplatform.teams.models import ApiKey, Team
 from orsplatform.teams.services import validate_slug
 from orsplatform.verify import config as verify_config
 from orsplatform.verify.services import verification_plan
@@ -544,6 +545,11 @@ def version_build(*, version_id: int) -> EnvironmentVersion:
             with transaction.atomic():
                 # No select_related: PostgreSQL cannot lock the nullable side of an outer join.
                 environment = Environment.objects.select_for_update().get(id=version.environment_id)
+                if environment.deleted_at is not None:
+                    raise PublishError(DELETED_ERROR, check="deleted")
+                version.refresh_from_db(fields=["status"])
+                if version.status != EnvironmentVersion.Status.BUILDING:
+                    raise PublishError(DELETED_ERROR, check="deleted")
                 version.pyenv = built.path.name
                 _version_fill(environment=environment, version=version, report=report, work=work,
                               task_files=task_files, manifest=version.manifest,
@@ -595,7 +601,7 @@ def versions_fail_stalled_builds(*, older_than_seconds: float, limit: int | None
 def pyenvs_collect_unused() -> list[str]:
     """Remove the built Python environments that no version uses any more."""
     keep = set(EnvironmentVersion.objects.exclude(pyenv="").exclude(status=EnvironmentVersion.Status.FAILED)
-               .values_list("pyenv", flat=True))
+               .filter(environment__deleted_at__isnull=True).values_list("pyenv", flat=True))
     return pyenvs.collect(keep, grace_seconds=settings.ORS_PYENV_GRACE_SECONDS)
 
 
@@ -649,10 +655,88 @@ def environment_rollback(*, environment: Environment, number: int) -> Rollback:
     return Rollback(version=version, previous=previous)
 
 
+class EnvironmentGone(LookupError):
+    """The environment was deleted meanwhile (a second delete, a build finishing after it)."""
+
+
+DELETED_ERROR = "The environment was deleted while this version was being built; nothing was published."
+
+
+@dataclass(frozen=True)
+class DeleteReport:
+    name: str  # team/slug as it was
+    sessions_kept: int
+    open_sessions: int  # not cut: they run to their end on the workers that hold them
+    keys_revoked: int
+    packages_removed: int
+    packages_kept: int  # still read by open sessions, or by another environment's version
+
+
+def _deleted_slug(environment: Environment) -> str:
+    """A slug that frees the name for a new environment and still says what it was."""
+    suffix = f"-deleted-{environment.id}"
+    return environment.slug[: 63 - len(suffix)] + suffix
+
+
+def environment_delete(*, environment: Environment, deleted_by=None) -> DeleteReport:
+    """Delete an environment for its team. What the platform recorded of it is kept: its row
+    (renamed, so its name is free again), its versions and every session, tool call and
+    analytics figure that names it (the audit log); it simply is no longer served, listed or
+    resolved. Its tasks and splits go, keys bound to it are revoked, a build still running ends as
+    failed, and its stored packages are removed unless an open session or another environment's
+    version still reads them. Open sessions are not cut: the gateway that holds each one lets it
+    finish (new sessions are refused within ORS_CATALOG_CACHE_SECONDS); pooled workers retire
+    when idle, and Python environments are collected by pyenvs_collect_unused."""
+    with transaction.atomic():
+        locked = (Environment.objects.select_for_update().select_related("team")
+                  .filter(pk=environment.pk, deleted_at__isnull=True).first())
+        if locked is None:
+            raise EnvironmentGone(f"{environment.full_name} was already deleted.")
+        name = locked.full_name
+        building = list(locked.versions.filter(status__in=(EnvironmentVersion.Status.BUILDING,
+                                                            EnvironmentVersion.Status.VALIDATING)))
+        locked.versions.filter(id__in=[v.id for v in building]).update(
+            status=EnvironmentVersion.Status.FAILED, error=f"deleted: {DELETED_ERROR}")
+        Split.objects.filter(environment=locked).delete()  # their tasks and digests with them
+        keys = list(ApiKey.objects.filter(environment=locked, revoked_at__isnull=True).values_list("id", flat=True))
+        ApiKey.objects.filter(id__in=keys).update(revoked_at=timezone.now())
+        locked.slug, locked.current_version = _deleted_slug(locked), None
+        locked.visibility = Environment.Visibility.PRIVATE
+        locked.deleted_at, locked.deleted_by = timezone.now(), deleted_by
+        locked.save(update_fields=["slug", "current_version", "visibility", "deleted_at", "deleted_by"])
+    for version in building:
+        pyenvs.BuildLog(pyenvs.log_path(version.id)).write(f"[platform] failed (deleted): {DELETED_ERROR}")
+    sessions = Session.objects.filter(environment=locked)
+    open_sessions = sessions.filter(ended_at__isnull=True, status__in=(Session.Status.CREATING,
+                                                                        Session.Status.READY)).count()
+    removed = kept = 0
+    # A build still running reads its package until it ends; it removes the package itself then
+    # (_version_fail: no version serves that content).
+    building_ids = {v.id for v in building}
+    for version in locked.versions.exclude(id__in=building_ids):
+        shared = EnvironmentVersion.objects.filter(content_hash=version.content_hash,
+                                                   environment__deleted_at__isnull=True).exclude(
+            status=EnvironmentVersion.Status.FAILED).exists()
+        if not Path(version.package_path).exists():
+            continue
+        if shared or open_sessions:
+            kept += 1
+            continue
+        pyenvs.record_runtime(version.package_path, None)
+        data.record(version.package_path, None)
+        shutil.rmtree(version.package_path, ignore_errors=True)
+        removed += 1
+    logger.info("environment %s deleted (now %s)", name, locked.slug)
+    return DeleteReport(name=name, sessions_kept=sessions.count(), open_sessions=open_sessions,
+                        keys_revoked=len(keys), packages_removed=removed, packages_kept=kept)
+
+
 @dataclass(frozen=True)
 class IngestResult:
     split: Split
     rows: int
+    # The row check's report ({} when it did not run): sampled rows and the failures accepted.
+    row_check: dict = field(default_factory=dict)
 
 
 def _infer_split_type(name: str) -> str:
@@ -688,10 +772,15 @@ def _check_declared_rows(path: Path, fmt: str, quota: ingest.Quota) -> None:
 def tasks_ingest(
     *, environment: Environment, split_name: str, mode: str, path: Path, fmt: str,
     split_type: str | None = None, progress: ingest.Progress | None = None, allow_empty: bool = False,
+    check_rows: int = 0, accept_failing_rows: bool = False,
 ) -> IngestResult:
     """Stream a task file into a split, all or nothing: ``replace`` swaps the split's tasks, ``append``
     adds after the last one. The whole ingest is one transaction, so readers see the old tasks until
-    it commits, and a bad row (reported with its line) leaves the split exactly as it was."""
+    it commits, and a bad row (reported with its line) leaves the split exactly as it was.
+
+    ``check_rows``: that many rows (the first, the others at random) are run through the served
+    version's setup() and get_prompt() before the commit (catalog/row_check.py); rows that fail
+    refuse the file (RowsFailed) unless ``accept_failing_rows``, which keeps them as warnings."""
     ingest.validate_split_name(split_name)
     if mode not in IngestJob.Mode.values:
         raise IngestError(f"Unknown mode {mode!r}: use append or replace.")
@@ -712,10 +801,24 @@ def tasks_ingest(
             start = 0
         else:
             start = split.num_tasks
+        sampler = row_check.Sampler(size=check_rows)
         with ingest.TaskWriter(split.id, start) as writer:
-            rows = ingest.stream_into(path=path, fmt=fmt, writer=writer, progress=progress, quota=quota)
+            rows = ingest.stream_into(path=path, fmt=fmt, writer=writer, progress=progress, quota=quota,
+                                      sample=sampler if check_rows > 0 else None)
         if rows == 0 and not allow_empty:
             raise IngestError("The file holds no tasks.")
+        checked = {}
+        if check_rows > 0:
+            # Task indexes as the rows will have them; the split's protection as it stands.
+            sampled = [(start + position, line, text) for position, line, text in sampler.rows()]
+            outcome = row_check.rows_check(version=environment.current_version, split=split, rows=sampled)
+            if outcome.failures and not accept_failing_rows:
+                raise RowsFailed(
+                    f"{len(outcome.failures)} of the {outcome.sampled} rows run through the environment failed "
+                    f"(setup() and get_prompt(), as a session starts); no task was written. Fix the rows or "
+                    f"the code, or upload again accepting failing rows.",
+                    outcome.failures, sampled=outcome.sampled)
+            checked = outcome.as_report()
         split.num_tasks = start + rows
         split.revision += 1
         if split_type:
@@ -723,7 +826,7 @@ def tasks_ingest(
         split.save(update_fields=["num_tasks", "revision", "type"])
         if split.hidden_fields or mode == IngestJob.Mode.REPLACE:
             protection.split_digests_refresh(split=split, start=start)
-    return IngestResult(split=split, rows=rows)
+    return IngestResult(split=split, rows=rows, row_check=checked)
 
 
 class _JobProgress:
@@ -750,9 +853,10 @@ class _JobProgress:
 
 def ingest_job_create(
     *, environment: Environment, split_name: str, mode: str, upload, fmt: str | None = None,
-    split_type: str | None = None, created_by=None,
+    split_type: str | None = None, created_by=None, accept_failing_rows: bool = False,
 ) -> IngestJob:
-    """Save an uploaded task file and queue its ingest (run by a Celery worker, or at once when eager)."""
+    """Save an uploaded task file and queue its ingest (run by a Celery worker, or at once when eager).
+    ``accept_failing_rows``: rows failing the row check are kept as warnings, not a refusal."""
     ingest.validate_split_name(split_name)
     if mode not in IngestJob.Mode.values:
         raise IngestError(f"Unknown mode {mode!r}: use append or replace.")
@@ -774,7 +878,7 @@ def ingest_job_create(
     job = IngestJob.objects.create(
         team=environment.team, environment=environment, split_name=split_name, split_type=split_type or "",
         mode=mode, format=fmt, file_name=(upload.name or "")[:255], source_path=str(path),
-        bytes_total=path.stat().st_size, created_by=created_by,
+        bytes_total=path.stat().st_size, created_by=created_by, accept_failing_rows=accept_failing_rows,
     )
     transaction.on_commit(lambda: task("catalog.ingest_tasks").delay(job.id))
     return job
@@ -821,14 +925,18 @@ def ingest_job_run(*, job_id: int) -> IngestJob:
             return job
         progress = _JobProgress(job.id)
         source = job.source_path
-        fields = ["status", "error_report", "rows_done", "bytes_done", "num_tasks", "finished_at", "source_path"]
+        fields = ["status", "error_report", "rows_done", "bytes_done", "num_tasks", "finished_at", "source_path",
+                  "row_check"]
         try:
+            if Environment.objects.filter(id=job.environment_id, deleted_at__isnull=False).exists():
+                raise IngestError("The environment was deleted; no task was written.")
             with transaction.atomic():
                 result = tasks_ingest(environment=job.environment, split_name=job.split_name, mode=job.mode,
                                       path=Path(source), fmt=job.format, split_type=job.split_type or None,
-                                      progress=progress)
+                                      progress=progress, check_rows=settings.ORS_TASK_CHECK_ROWS,
+                                      accept_failing_rows=job.accept_failing_rows)
                 job.status, job.rows_done, job.bytes_done = IngestJob.Status.SUCCEEDED, result.rows, job.bytes_total
-                job.num_tasks = result.split.num_tasks
+                job.num_tasks, job.row_check = result.split.num_tasks, result.row_check
                 job.finished_at, job.source_path = timezone.now(), ""
                 job.save(update_fields=fields)
             return job

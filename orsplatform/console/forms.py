@@ -19,7 +19,7 @@ class ApiKeyForm(forms.Form):
 
     def __init__(self, *args, team: Team, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["environment"].queryset = Environment.objects.filter(team=team).order_by("slug")
+        self.fields["environment"].queryset = Environment.objects.filter(team=team, deleted_at__isnull=True).order_by("slug")
 
 
 class VerifySettingsForm(forms.Form):

@@ -24,9 +24,11 @@ from orsplatform.catalog.packages import remove_quietly, save_upload
 from orsplatform.catalog.protection import ProtectionError, split_protection_set
 from orsplatform.catalog.services import (
     MAX_MESSAGE_CHARS,
+    EnvironmentGone,
     PublishError,
     UploadTooLarge,
     VersionNotFound,
+    environment_delete,
     environment_publish_path,
     environment_rollback,
     ingest_job_create,
@@ -61,10 +63,14 @@ class TaskFileForm(forms.Form):
                                                         ("csv", "CSV"), ("parquet", "Parquet")])
     mode = forms.ChoiceField(choices=IngestJob.Mode.choices, initial=IngestJob.Mode.APPEND)
     file = forms.FileField(help_text="One task per line (JSONL) or row (CSV, Parquet).")
+    accept_failing_rows = forms.BooleanField(
+        required=False, label="Accept rows that fail the check",
+        help_text="A sample of rows runs through the environment's setup() and get_prompt() first; by default a "
+                  "failing row refuses the upload, with this it is kept and reported as a warning.")
 
     def __init__(self, *args, team: Team, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["environment"].queryset = Environment.objects.filter(team=team).order_by("slug")
+        self.fields["environment"].queryset = Environment.objects.filter(team=team, deleted_at__isnull=True).order_by("slug")
 
 
 def _team(request: HttpRequest, slug: str, *, write: bool = False) -> tuple[Team, str, bool]:
@@ -80,6 +86,7 @@ def _page(request: HttpRequest, team: Team, role: str, publisher: bool, *, packa
     page = catalog.environments_of_team_page(team=team, page=request.GET.get("page") or 1)
     return render(request, "console/environments.html", {
         "team": team, "role": role, "can_publish": publisher,
+        "can_delete": selectors.can_manage(user=request.user, role=role),
         "environments": page.object_list, "page": page,
         "jobs": catalog.ingest_jobs_of_team(team=team, limit=10),
         "package_form": package_form or PackageForm(), "task_form": task_form or TaskFileForm(team=team),
@@ -128,8 +135,8 @@ def package_upload(request: HttpRequest, slug: str) -> HttpResponse:
         remove_quietly(path)
     version = result.version
     if version.status == version.Status.BUILDING:
-        messages.success(request, f"{version.environment.full_name}@{version.number}: installing its requirements; "
-                                  "it is published when they are in and it passes validation.")
+        # No flash message: the version's page says where the build is (a banner that follows it),
+        # so a build failing at once never shows "installing" above "Status: failed".
         return redirect("console:version_build", slug=team.slug, env=version.environment.slug, number=version.number)
     if result.created:
         report = result.report
@@ -197,6 +204,38 @@ def version_rollback(request: HttpRequest, slug: str, env: str) -> HttpResponse:
 
 
 @login_required
+def environment_delete_view(request: HttpRequest, slug: str, env: str) -> HttpResponse:
+    """GET: what deleting it does, and a confirmation form; POST: delete. Owners and admins only
+    (members and viewers 403, another team 404)."""
+    team, role = selectors.team_for_user(user=request.user, slug=slug)
+    environment = catalog.environment_of_team(team_id=team.id, slug=env)
+    if environment is None:
+        raise Http404("No such environment.")
+    if not selectors.can_manage(user=request.user, role=role):
+        raise PermissionDenied("Only owners and admins delete environments.")
+    if request.method == "POST":
+        # The name typed again: a slip of the mouse on the wrong environment deletes nothing.
+        if request.POST.get("confirm", "").strip() != environment.full_name:
+            messages.error(request, f"Type {environment.full_name} to confirm; nothing was deleted.")
+            return redirect("console:environment_delete", slug=team.slug, env=environment.slug)
+        try:
+            report = environment_delete(environment=environment, deleted_by=request.user)
+        except EnvironmentGone as exc:
+            raise Http404("No such environment.") from exc
+        still = f"; {report.open_sessions} open session(s) run to their end" if report.open_sessions else ""
+        messages.success(request, f"Deleted {report.name}: its {report.sessions_kept} session(s) stay in the "
+                                  f"audit log and analytics{still}.")
+        return redirect("console:environments", slug=team.slug)
+    if request.method != "GET":
+        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+    return render(request, "console/environment_delete.html", {
+        "team": team, "environment": environment,
+        "preview": catalog.environment_delete_preview(environment=environment),
+        "last_version": environment.versions.order_by("-number").first(),
+    })
+
+
+@login_required
 @require_POST
 def tasks_upload(request: HttpRequest, slug: str) -> HttpResponse:
     team, role, publisher = _team(request, slug, write=True)
@@ -207,7 +246,8 @@ def tasks_upload(request: HttpRequest, slug: str) -> HttpResponse:
     try:
         job = ingest_job_create(environment=data["environment"], split_name=data["split"], mode=data["mode"],
                                 upload=data["file"], fmt=data["format"] or None,
-                                split_type=data["split_type"] or None, created_by=request.user)
+                                split_type=data["split_type"] or None, created_by=request.user,
+                                accept_failing_rows=data["accept_failing_rows"])
     except IngestError as exc:
         form.add_error("file", str(exc))
         return _page(request, team, role, publisher, task_form=form,
@@ -247,7 +287,7 @@ def _job(request: HttpRequest, slug: str, job_id: int) -> tuple[Team, IngestJob]
 def _job_json(job: IngestJob) -> dict:
     return {"id": job.id, "status": job.status, "finished": job.finished, "percent": job.percent,
             "rows_done": job.rows_done, "bytes_done": job.bytes_done, "bytes_total": job.bytes_total,
-            "num_tasks": job.num_tasks, "error_report": job.error_report}
+            "num_tasks": job.num_tasks, "error_report": job.error_report, "row_check": job.row_check}
 
 
 @login_required

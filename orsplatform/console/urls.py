@@ -13,6 +13,8 @@ urlpatterns = [
     path("<slug:slug>/environments/", publishing.environments, name="environments"),
     path("<slug:slug>/environments/publish", publishing.package_upload, name="publish"),
     path("<slug:slug>/environments/tasks", publishing.tasks_upload, name="upload_tasks"),
+    path("<slug:slug>/environments/<slug:env>/delete", publishing.environment_delete_view,
+         name="environment_delete"),
     path("<slug:slug>/environments/<slug:env>/rollback", publishing.version_rollback, name="rollback"),
     path("<slug:slug>/environments/<slug:env>/splits/<str:split>/protection", publishing.split_protection,
          name="split_protection"),

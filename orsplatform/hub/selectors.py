@@ -57,8 +57,11 @@ def viewer_of(user) -> Viewer:
 
 def _visible(viewer: Viewer) -> Q:
     if viewer.everything:
-        return Q()
-    return Q(visibility=Environment.Visibility.PUBLIC) | Q(team_id__in=viewer.team_ids)
+        return Q(deleted_at__isnull=True)
+    # Another team's environment shows only once a version of it is served: one whose first build
+    # failed (or is still running) is its own team's business (console: its log, a delete button).
+    return Q(deleted_at__isnull=True) & (
+        Q(visibility=Environment.Visibility.PUBLIC, current_version__isnull=False) | Q(team_id__in=viewer.team_ids))
 
 
 # --- the catalog -------------------------------------------------------------------------------------
@@ -133,6 +136,15 @@ def can_publish_to(*, user, environment: Environment) -> bool:
         return False
     return user.is_superuser or Membership.objects.filter(
         user=user, team_id=environment.team_id, role__in=PUBLISHER_ROLES).exists()
+
+
+def can_delete(*, user, environment: Environment) -> bool:
+    """Owners and admins of its team (and platform superusers) delete an environment."""
+    if not user.is_authenticated:
+        return False
+    return user.is_superuser or Membership.objects.filter(
+        user=user, team_id=environment.team_id,
+        role__in=(Membership.Role.OWNER, Membership.Role.ADMIN)).exists()
 
 
 def readme_html(*, version: EnvironmentVersion | None) -> SafeString | None:

@@ -118,6 +118,14 @@ def _snippets(request: HttpRequest, environment: Environment, split: str | None)
 def environment(request: HttpRequest, team: str, env: str) -> HttpResponse:
     viewer, environment = _environment(request, team, env)
     version = environment.current_version
+    if version is None:
+        # Only its own team gets here (hub.selectors._visible): a first build that failed or still
+        # runs. No snippets or tools that would not work: its state, its log and what to do.
+        return render(request, "hub/unpublished.html", {
+            **_base(request, viewer, environment, "overview"),
+            "last_version": environment.versions.order_by("-number").first(),
+            "can_delete": selectors.can_delete(user=request.user, environment=environment),
+        })
     splits = selectors.splits_of(environment=environment)
     tools = [{"name": t.get("name", ""), "description": t.get("description", ""),
               "schema": json.dumps(t.get("input_schema") or t.get("inputSchema") or {}, indent=2, sort_keys=True)}

@@ -4,6 +4,9 @@ Run as::
 
     python -m orsplatform.runners.inspector PACKAGE_DIR ENTRYPOINT < REQUEST_JSON
 
+(REQUEST_JSON ``{"rows": [{"row", "line", "spec"}, ...]}`` instead runs an upload's sampled task rows
+through setup() and get_prompt(): `check_rows`.)
+
 ENTRYPOINT is ``module:Class``, or empty to find the one ``ors.Environment`` subclass of the package
 (``env.py`` first, then the other top-level modules). REQUEST_JSON, on stdin, is ``{"sample": task}``
 with a task to render a prompt for when the class lists none (the package's task files), or ``{}``.
@@ -418,6 +421,70 @@ def tenant_traceback(exc: BaseException, package_dir: str) -> str:
     return scrub("".join(te.format()), package_dir)
 
 
+def _missing_field(exc: BaseException, spec) -> str | None:
+    """The task field a failure names: the key of a KeyError raised for a key the row lacks."""
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        if not isinstance(spec, dict) or exc.args[0] not in spec:
+            return exc.args[0]
+    return None
+
+
+async def _start_row(cls, spec, package_dir: str, openenv: bool) -> None:
+    """A session's start on one task: the class built on it, setup(), get_prompt() (an OpenEnv
+    class: its reset), and teardown()."""
+    if openenv:
+        from orsplatform.runners.loader import register_package
+        from orsplatform.runners.sandbox import openenv_host
+
+        async def run(fn, *args):
+            return await asyncio.to_thread(fn, *args)
+
+        declaration = openenv_host.declare(register_package(package_dir), package_dir, cls)
+        episode = openenv_host.Episode(declaration, run)
+        try:
+            await episode.start(spec)
+        finally:
+            await episode.stop()
+        return
+    env = cls(task_spec=spec, secrets={})
+    await _maybe(env.setup())
+    try:
+        blocks = await _maybe(env.get_prompt())
+        if not blocks:
+            raise ValueError("get_prompt() returned no blocks.")
+    finally:
+        await _maybe(env.teardown())
+
+
+async def check_rows(package_dir: str, entrypoint: str, rows: list, channel: Channel) -> dict:
+    """Task rows of an upload run the way a session starts (catalog/row_check.py). Each row's
+    failure is reported with its row and line, the field it lacks (a KeyError's key) and the
+    traceback of the package's own frames; the report is sent before each row, so a process
+    killed by its time limit still tells which row it was on."""
+    from orsplatform.runners.loader import load_environment_class, sdk_base, sdk_bases
+
+    report: dict = {"ok": False, "check": "import", "done": 0, "failures": []}
+    channel.report(report)
+    cls = load_environment_class(package_dir, entrypoint)
+    openenv = sdk_bases()[sdk_base(cls)] == "openenv"
+    report["check"] = "rows"
+    for item in rows:
+        report["running"] = item.get("row")
+        channel.report(report)
+        spec = item.get("spec")
+        try:
+            await _start_row(cls, spec, package_dir, openenv)
+        except BaseException as exc:  # tenant code may raise anything, SystemExit included
+            report["failures"].append({
+                "row": item.get("row"), "line": item.get("line"), "field": _missing_field(exc, spec),
+                "error": scrub(" ".join(f"{type(exc).__name__}: {exc}".split()), package_dir)[:2000],
+                "traceback": tenant_traceback(exc, package_dir)[-8000:]})
+        report["done"] += 1
+    report.pop("running", None)
+    report.update(ok=True, check="done")
+    return report
+
+
 def main() -> int:
     global _reserve
     package_dir, entrypoint = sys.argv[1:3]
@@ -431,7 +498,10 @@ def main() -> int:
     _reserve = bytearray(16 * 1024 * 1024)
     report: dict = {"ok": False, "check": "start"}
     try:
-        report = asyncio.run(inspect_package(package_dir, entrypoint, channel, sample, report))
+        if "rows" in request:  # an upload's sampled task rows, not a package's inspection
+            report = asyncio.run(check_rows(package_dir, entrypoint, request["rows"], channel))
+        else:
+            report = asyncio.run(inspect_package(package_dir, entrypoint, channel, sample, report))
     except BaseException as exc:  # tenant code may raise anything, SystemExit included
         _reserve = None
         if isinstance(exc, MemoryError):

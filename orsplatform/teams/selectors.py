@@ -32,6 +32,19 @@ def team_for_user(*, user, slug: str) -> tuple[Team, str]:
     return team, membership.role
 
 
+def api_key_manages(*, api_key_id: int, team_id: int) -> bool:
+    """May this key of the team do what only owners and admins do on the web (delete an
+    environment)? Its manage scope, and a creator who is still an owner or admin of the team (a
+    key outlives its creator's demotion); a key no person created (manage.py create_api_key, an
+    operator's) has only its scope to go by."""
+    key = ApiKey.objects.select_related("created_by").filter(id=api_key_id, team_id=team_id).first()
+    if key is None or "manage" not in (key.scopes or []):
+        return False
+    user = key.created_by
+    return user is None or user.is_superuser or Membership.objects.filter(
+        user=user, team_id=team_id, role__in=MANAGER_ROLES).exists()
+
+
 def team_ids_for_user(*, user) -> list[int]:
     return list(Membership.objects.filter(user=user).values_list("team_id", flat=True))
 
