@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.fixtures.celery",
     "tests.fixtures.tcp_proxy",
     "tests.fixtures.server_database",
+    "tests.fixtures.tiers",
 ]

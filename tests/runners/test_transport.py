@@ -14,6 +14,8 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from orsplatform.runners import transport
 from orsplatform.runners.transport import BATCH
 
+pytestmark = pytest.mark.services  # the real Redis (REDIS_URL): not in make test-fast
+
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
