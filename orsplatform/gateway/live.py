@@ -90,11 +90,10 @@ class LiveSession:
 
 @dataclass
 class PendingSid:
-    """A minted sid and what /create_session carried (X-Secrets, env), until /create uses it."""
+    """A minted sid and what /create_session carried (X-Secrets), until /create uses it."""
 
     team_id: int | None
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
-    env_vars: dict[str, str] = field(repr=False, default_factory=dict)
     created: float = field(default_factory=time.monotonic)
 
 
