@@ -54,7 +54,7 @@ test: install sandbox-deps browser-deps proxy-deps
 # The tests that need no database, Redis, browser or server (tests/fixtures/tiers.py selects them
 # from their fixtures; TCP is refused while they run), on the embedded SQLite settings. The run
 # fails when it selects fewer than FAST_MINIMUM tests, so the tier cannot quietly empty out.
-FAST_MINIMUM ?= 100
+FAST_MINIMUM ?= 90
 test-fast: install sandbox-deps
 	env -u DATABASE_URL -u REDIS_URL -u CELERY_BROKER_URL ORS_TEST_FAST=1 ORS_TEST_FAST_MINIMUM=$(FAST_MINIMUM) \
 		$(PY) -m pytest -m "not services" -p no:cacheprovider -q

@@ -293,7 +293,7 @@ def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float
     else the platform's own."""
     runtime = runtime or runtime_of(str(package_dir))
     memory, file_bytes = settings.ORS_INSPECT_MEMORY_BYTES, settings.ORS_INSPECT_FILE_BYTES
-    sandbox = SandboxConfig.from_django(threads=1)
+    sandbox = SandboxConfig.from_settings(settings, threads=1)
     errors = Tail()
     with _scratch(sandbox.isolated) as scratch:
         cgroup = None

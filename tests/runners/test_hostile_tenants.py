@@ -42,7 +42,7 @@ def canary() -> str:
 @pytest.fixture
 async def sandbox_app(live_db):
     # Short idle and grace periods so retired and killed workers are seen within a test.
-    config = dataclasses.replace(SandboxConfig.from_django(threads=8), idle_seconds=1.0, grace_seconds=1.0)
+    config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=1.0, grace_seconds=1.0)
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     yield app
     await app.shutdown()
@@ -280,7 +280,7 @@ async def test_a_fork_bomb_is_bounded_and_its_children_end_with_the_worker(sbx, 
 async def test_a_setsid_child_does_not_outlive_its_session(live_db, outsider, hostile):
     # Workers idle for ten minutes before they retire here: the child must end with its session,
     # not with its worker.
-    config = dataclasses.replace(SandboxConfig.from_django(threads=8), idle_seconds=600.0)
+    config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=600.0)
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     transport = httpx.ASGITransport(app=build_application(app))
     try:
