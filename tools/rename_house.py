@@ -231,7 +231,20 @@ def text_files(root: Path) -> list[Path]:
     return files
 
 
+def sort_imports(root: Path, files: list[Path], log: list[str]) -> None:
+    """New module names sort differently (`gateway` -> `engine`): the import blocks of the rewritten
+    Python files are re-sorted by ruff (the project's linter) when it is installed."""
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not files or not Path(ruff).exists():
+        log.append("note  ruff not found: import blocks left as rewritten (run `ruff check --fix --select I`)")
+        return
+    subprocess.run([ruff, "check", "--fix", "--select", "I", "--quiet", *map(str, files)], cwd=root,
+                   capture_output=True)
+    log.append(f"sort  imports of {len(files)} rewritten Python files (ruff --select I)")
+
+
 def do_rewrites(root: Path, dry: bool, log: list[str]) -> None:
+    rewritten: list[Path] = []
     for path in text_files(root):
         try:
             old = path.read_text(encoding="utf-8")
@@ -243,6 +256,9 @@ def do_rewrites(root: Path, dry: bool, log: list[str]) -> None:
             log.append(f"edit  {path.relative_to(root)} ({changed} lines)")
             if not dry:
                 path.write_text(new, encoding="utf-8")
+                rewritten.append(path)
+    if not dry:
+        sort_imports(root, [p for p in rewritten if p.suffix == ".py"], log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in log:
         print(line)
     conflicts = [line for line in log if line.startswith("CONFLICT")]
-    print(f"{'would do' if args.dry_run else 'done'}: {sum(not e.startswith('edit') for e in log)} moves, "
+    print(f"{'would do' if args.dry_run else 'done'}: {sum(e.startswith(('move', 'same')) for e in log)} moves, "
           f"{sum(e.startswith('edit') for e in log)} files rewritten, {len(conflicts)} conflicts"
           + ("" if log else " (nothing to do: already renamed)"))
     return 1 if conflicts else 0
