@@ -234,9 +234,11 @@ def text_files(root: Path) -> list[Path]:
 def sort_imports(root: Path, files: list[Path], log: list[str]) -> None:
     """New module names sort differently (`gateway` -> `engine`): the import blocks of the rewritten
     Python files are re-sorted by ruff (the project's linter) when it is installed."""
+    if not files:
+        return
     candidates = [shutil.which("ruff"), Path(sys.executable).with_name("ruff"), root / ".venv" / "bin" / "ruff"]
     ruff = next((str(c) for c in candidates if c and Path(c).exists()), None)
-    if not files or ruff is None:
+    if ruff is None:
         log.append("note  ruff not found: import blocks left as rewritten (run `ruff check --fix --select I`)")
         return
     subprocess.run([ruff, "check", "--fix", "--select", "I", "--quiet", *map(str, files)], cwd=root,
