@@ -134,7 +134,7 @@ def do_moves(root: Path, dry: bool, log: list[str]) -> None:
 # --- rewrites --------------------------------------------------------------------------------------
 
 DOTTED = re.compile(r"(?<![\w.])((?:orsplatform|tests)(?:\.\w+)+)")
-PATH = re.compile(r"(?<![\w/.-])((?:orsplatform|tests)(?:/[\w.]+)+/?)")
+PATH = re.compile(r"(?<![\w.-])((?:orsplatform|tests)(?:/[\w.]+)+/?)")
 SHORT = re.compile(r"(?<![\w/.-])((?:" + "|".join(SHORT_ROOTS) + r")(?:/\w+)*/\w+\.py)\b")
 BARE = re.compile(r"(?<![\w/.-])(" + "|".join(BARE_FOLDERS) + r")/(?![\w.])")
 FROM_IMPORT = re.compile(
