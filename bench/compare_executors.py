@@ -53,7 +53,7 @@ except ImportError:  # pragma: no cover
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 TICKS = os.sysconf("SC_CLK_TCK")
 # Sandbox workers (and their bubblewrap parents), where environment code runs on both executors.
-SANDBOX_WORKERS = ("/ors/worker.py",)
+SANDBOX_WORKERS = ("sandbox/worker.py",)  # the pool starts /ors/lib/<its package path>/worker.py
 SHARED = ("redis", "postgres")  # servers this script did not start
 
 

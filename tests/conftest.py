@@ -8,6 +8,12 @@ os.environ.setdefault("ORS_REDIS_PREFIX", f"ors-test-{uuid.uuid4().hex[:8]}")
 # really runs start a worker (tests/fixtures/celery.py: Cluster, EmbeddedWorker).
 os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "true")
 
+# pytest-django has loaded the settings before this file runs, so they hold the variable's default
+# ("ors"): set them too, or test runs in parallel on one Redis share their teams' session slots
+# (same team ids in every test database) and refuse each other's episodes with 429.
+from django.conf import settings  # noqa: E402
+
+settings.ORS_REDIS_PREFIX = os.environ["ORS_REDIS_PREFIX"]
 
 pytest_plugins = [
     "tests.fixtures.database",
@@ -17,6 +23,7 @@ pytest_plugins = [
     "tests.fixtures.celery",
     "tests.fixtures.tcp_proxy",
     "tests.fixtures.server_database",
+    "tests.fixtures.tiers",
 ]
 
 # tests/stack runs against docker/compose.yml on real containers: `make stack-test` (bin/stack-test)

@@ -224,7 +224,7 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path 
 
     cache = settings.ORS_UV_CACHE_DIR
     cache.mkdir(parents=True, exist_ok=True)
-    config = SandboxConfig.from_django(threads=1)
+    config = SandboxConfig.from_settings(settings, threads=1)
     disk = settings.ORS_BUILD_DISK_MB * MiB
     limits = Limits(memory_bytes=settings.ORS_BUILD_MEMORY_MB * MiB, cpu_seconds=int(settings.ORS_BUILD_TIMEOUT_SECONDS),
                     processes=512, open_files=4096, tmp_bytes=disk)

@@ -58,9 +58,6 @@ class EnvHandle:
         """Whether any split hides fields (then a task object sent to /create must match a task)."""
         return any(s.hidden for s in self.splits.values())
 
-    def visible_to(self, caller: Caller) -> bool:
-        return self.visibility == Environment.Visibility.PUBLIC or self.team_id == caller.team_id
-
 
 def parse_env_ref(ref: str) -> tuple[str | None, str, int | None] | None:
     """``team/slug[@N]`` or ``slug[@N]`` → (team, slug, version); None when malformed."""
@@ -199,11 +196,6 @@ def environment_of_team(*, team_id: int, slug: str) -> Environment | None:
     """The caller's own environment (for writes): another team's is indistinguishable from none."""
     return (Environment.objects.select_related("team", "current_version")
             .filter(team_id=team_id, slug=slug, deleted_at__isnull=True).first())
-
-
-def environments_of_team(*, team) -> list[Environment]:
-    return list(Environment.objects.filter(team=team, deleted_at__isnull=True).select_related("team", "current_version")
-                .prefetch_related("versions", "task_splits").order_by("slug"))
 
 
 def environments_of_team_page(*, team, page: int | str, per_page: int = 20):

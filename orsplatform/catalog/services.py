@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,27 +91,6 @@ def read_manifest(root: Path) -> dict:
         return tomllib.loads(manifest_path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PublishError(f"manifest.toml is not valid TOML: {exc}", check="manifest") from exc
-
-
-def split_replace_tasks(*, environment: Environment, name: str, type: str, specs: Iterable) -> Split:
-    """Replace a split's tasks atomically (callers hold a transaction), inserting in batches."""
-    split, _ = Split.objects.update_or_create(environment=environment, name=name, defaults={"type": type})
-    Task.objects.filter(split=split).delete()
-    batch: list[Task] = []
-    count = 0
-    for spec in specs:
-        batch.append(Task(split=split, index=count, spec=spec))
-        count += 1
-        if len(batch) >= TASK_BATCH:
-            Task.objects.bulk_create(batch)
-            batch = []
-    if batch:
-        Task.objects.bulk_create(batch)
-    split.num_tasks = count
-    split.revision += 1
-    split.save(update_fields=["num_tasks", "revision"])
-    protection.split_digests_refresh(split=split)
-    return split
 
 
 logger = logging.getLogger(__name__)

@@ -270,7 +270,7 @@ class Engine:
     async def episode(self, plan: RunPlan, env, client: AapClient, index: int) -> None:
         gw = self.gateway
         started = time.monotonic()
-        sid = gw.open_session(plan.caller, secrets={}, env_vars={})
+        sid = gw.open_session(plan.caller, secrets={})
         state = EpisodeState(task_index=index, sid=sid)
         live = None
         aap_sid: str | None = None

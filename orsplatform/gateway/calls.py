@@ -89,7 +89,8 @@ class CallRunner:
                 recorded = True
             except Exception:
                 log.exception("could not record tool call %s of session %s", entry.task_id, live.sid)
-            entry.result_json = encoded.decode() if encoded is not None else None
+            entry.result = outcome.result if encoded is not None else None
+            entry.encoded = encoded
             entry.exception = exception
         except Exception as exc:
             log.exception("tool call %s of session %s failed in the platform", entry.task_id, live.sid)
@@ -158,7 +159,7 @@ class CallRunner:
         elif result is not None:
             if "truncated_output" in result:  # the audit log's own addition to an over-limit answer
                 result = {k: v for k, v in result.items() if k != "truncated_output"}
-            entry.result_json = orjson.dumps(result).decode()
+            entry.result = result
         else:
             entry.exception = error or "The call failed."
         entry.done.set()
@@ -170,7 +171,7 @@ class CallRunner:
             if outcome.result is None:
                 entry.exception = redact(outcome.exception, live.secrets)
             else:
-                entry.result_json = orjson.dumps(outcome.result).decode()
+                entry.result = outcome.result
                 entry.exception = redact(outcome.exception, live.secrets)
         except Exception as exc:
             entry.exception = f"The platform could not follow the call ({type(exc).__name__})."

@@ -150,11 +150,11 @@ class EpisodeGateway:
 
     # --- opening an episode -------------------------------------------------------------------
 
-    def open_session(self, caller: Caller, *, secrets: dict[str, str], env_vars: dict[str, str]) -> str:
+    def open_session(self, caller: Caller, *, secrets: dict[str, str]) -> str:
         """A new session id; secrets given now are kept for the episode created on it."""
         sid = str(uuid.uuid4())
-        if (secrets or env_vars) and len(self.pending) < MAX_PENDING:
-            self.pending[sid] = PendingSid(team_id=caller.team_id, secrets=secrets, env_vars=env_vars)
+        if secrets and len(self.pending) < MAX_PENDING:
+            self.pending[sid] = PendingSid(team_id=caller.team_id, secrets=secrets)
         return sid
 
     def _pending_secrets(self, caller: Caller, sid: str, secrets: dict[str, str]) -> dict[str, str]:

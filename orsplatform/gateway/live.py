@@ -21,19 +21,30 @@ from orsplatform.runners.executor import RunnerLost, UnknownSession, WorkerLost
 class CallEntry:
     task_id: str
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    result_json: str | None = None  # the wire result ({"ok": ...}) once finished
+    # The result as data ({"ok": ...}), whatever face asked: each face encodes it for its own wire.
+    result: dict | None = None
     exception: str | None = None  # set instead when the environment's code raised
     finished_at: float | None = None
     task: asyncio.Task | None = None
     # Kept ORS_RESULT_LINGER_SECONDS after it finishes, for a reconnect by task id (ORS streams);
     # a call its face awaits whole (OpenEnv, evaluations) has none and goes when it finishes.
     lingers: bool = True
+    # The result's JSON when the gateway already made it (checking that the result can be stored
+    # and sent, calls.py): a face whose wire carries the result as plain JSON (ORS) sends these
+    # bytes instead of encoding the same dict again. Never the only copy: ``result`` is.
+    encoded: bytes | None = field(default=None, repr=False)
 
     def outcome(self) -> tuple[dict | None, str | None]:
-        """(the wire result, None) or (None, the error) of a finished call."""
+        """(the result, None) or (None, the error) of a finished call."""
         if self.exception is not None:
             return None, self.exception
-        return (orjson.loads(self.result_json) if self.result_json else None), None
+        return self.result, None
+
+    def result_json(self) -> bytes:
+        """The result as JSON (b"" without one), for faces that send it as it is."""
+        if self.encoded is None and self.result is not None:
+            self.encoded = orjson.dumps(self.result)
+        return self.encoded or b""
 
 
 @dataclass
@@ -93,11 +104,10 @@ class LiveSession:
 
 @dataclass
 class PendingSid:
-    """A minted sid and what /create_session carried (X-Secrets, env), until /create uses it."""
+    """A minted sid and what /create_session carried (X-Secrets), until /create uses it."""
 
     team_id: int | None
     secrets: dict[str, str] = field(repr=False, default_factory=dict)
-    env_vars: dict[str, str] = field(repr=False, default_factory=dict)
     created: float = field(default_factory=time.monotonic)
 
 

@@ -39,10 +39,6 @@ class Viewer:
     team_ids: frozenset[int]
     everything: bool = False  # platform superusers
 
-    def can_see(self, environment: Environment) -> bool:
-        return (self.everything or environment.visibility == Environment.Visibility.PUBLIC
-                or environment.team_id in self.team_ids)
-
     def sessions_q(self) -> Q:
         """The sessions whose figures this viewer may see: its own teams' (never another team's)."""
         return Q() if self.everything else Q(team_id__in=self.team_ids)

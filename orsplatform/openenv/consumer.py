@@ -16,7 +16,6 @@ from typing import Any, Protocol
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.layers import get_channel_layer
 
 from orsplatform.openenv.episodes import OpenEnvSession, Uninterruptible
 from orsplatform.openenv.wire import CLOSE_POLICY, SESSION_ERROR, OpenEnvError, dumps, error_frame
@@ -50,11 +49,9 @@ class OpenEnvConsumer(AsyncWebsocketConsumer):
         self.revoked = False  # its key no longer passes: closing, frames are dropped
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if get_channel_layer(self.channel_layer_alias) is not None:
-            await super().__call__(scope, receive, send)
-            return
-        # Without a channel layer there is one source of events, the socket: awaited directly
-        # instead of through Channels' await_many_dispatch (a task and an asyncio.wait per frame).
+        # The platform configures no channel layer (settings.py has no CHANNEL_LAYERS), so the one
+        # source of events is the socket: awaited directly instead of through Channels'
+        # await_many_dispatch (a task and an asyncio.wait per frame).
         self.scope = scope
         self.channel_layer = None
         self.base_send = send

@@ -222,7 +222,7 @@ class Episodes:
             run = run_name_clean(data.run) or session.run
         except BadRunName as exc:
             raise OpenEnvError(VALIDATION_ERROR, str(exc)) from None
-        sid = gw.open_session(caller, secrets={}, env_vars={})
+        sid = gw.open_session(caller, secrets={})
         with guard.hold() if guard is not None else contextlib.nullcontext():
             live = await self._guard(gw.create_episode(
                 caller, sid=sid, env=env, task_spec=task_spec if split is None else None, split=split,

@@ -68,7 +68,7 @@ async def _stream(req: Request, entry: CallEntry | None, task_id: str) -> None:
     if entry.exception is not None:
         await req.send({"type": "http.response.body", "body": sse_event("error", entry.exception)})
         return
-    data = entry.result_json or ""
+    data = entry.result_json().decode()
     pieces = [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)] or [""]
     events = [sse_event("chunk", p) for p in pieces[:-1]] + [sse_event("end", pieces[-1])]
     await req.send({"type": "http.response.body", "body": b"".join(events)})

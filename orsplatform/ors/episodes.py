@@ -8,9 +8,9 @@ from orsplatform.gateway.gateway import EpisodeGateway
 from orsplatform.ors.http import SSE_HEADERS, HttpError, Request, sse_event
 from orsplatform.ors.resolve import admit_sid, admitted_session, default_environment, named_environment
 from orsplatform.ors.wire import (
-    env_vars_from_body,
     optional_int,
     optional_str,
+    refuse_env_vars,
     require_sid,
     secrets_from_body,
     secrets_from_header,
@@ -21,7 +21,8 @@ from orsplatform.teams.auth import Caller
 
 async def create_session(gw: EpisodeGateway, req: Request, caller: Caller, env_ref: str | None) -> Any:
     body = req.json(required=False)
-    sid = gw.open_session(caller, secrets=secrets_from_header(req), env_vars=env_vars_from_body(body))
+    refuse_env_vars(body)
+    sid = gw.open_session(caller, secrets=secrets_from_header(req))
     if not req.accepts_sse():
         return {"sid": sid}
     # Both official clients parse only SSE here (and retry forever on JSON).

@@ -87,16 +87,19 @@ def secrets_from_body(body: dict) -> dict[str, str]:
     return {} if data is None else _secret_map(data, "'secrets'")
 
 
-def env_vars_from_body(body: dict) -> dict[str, str]:
+def refuse_env_vars(body: dict) -> None:
+    """``/create_session``'s ``env`` (the openreward client's ``env_overrides``): per-session
+    environment variables. Refused when non-empty rather than accepted and dropped: the sessions
+    of one (version, team) share a sandbox worker process, so no session can have variables of
+    its own, and a trainer relying on them must hear so. Values an environment needs per session
+    are sent as secrets (which it declares)."""
     data = body.get("env")
     if data is None:
-        return {}
+        return
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise HttpError(400, "'env' must be an object of string values")
-    return data
+    if data:
+        raise HttpError(400, "Per-session environment variables ('env') are not supported here: sessions "
+                             "share their environment's worker process. Send per-session values as "
+                             "secrets the environment declares.")
 
-
-def check_fields(body: dict, allowed: frozenset[str]) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise HttpError(400, f"Unknown field(s): {', '.join(unknown)}")

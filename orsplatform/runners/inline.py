@@ -25,6 +25,7 @@ from orsplatform.runners.executor import (
     WorkerLost,
 )
 from orsplatform.runners.redact import redact, redact_head, secret_values
+from orsplatform.runners.sandbox import framing
 from orsplatform.runners.sandbox.config import SandboxConfig, SandboxUnavailable, probe
 from orsplatform.runners.sandbox.framing import ReplyTooLarge
 from orsplatform.runners.sandbox.pool import CallTimedOut, SandboxPool, Worker, WorkerError, WorkerGone
@@ -75,13 +76,26 @@ def checked_result(value: object) -> dict | None:
     return value
 
 
+def install_django_settings() -> None:
+    """The sandbox package imports no Django: where Django's settings are configured (a gateway),
+    its channel limits read them through this lookup, at each worker start (so settings changed
+    at run time apply to the next worker, as before)."""
+    try:
+        from django.conf import settings
+
+        if settings.configured:
+            framing.settings_lookup = lambda name, default: getattr(settings, name, default)
+    except ImportError:
+        pass
+
+
 def sandbox_config(threads: int) -> SandboxConfig:
     """The pool's settings: Django's when configured (a gateway), else the environment (a node)."""
     try:
         from django.conf import settings
 
         if settings.configured:
-            return SandboxConfig.from_django(threads=threads)
+            return SandboxConfig.from_settings(settings, threads=threads)
     except ImportError:
         pass
     return SandboxConfig.from_env(threads=threads)
@@ -105,6 +119,7 @@ class InlineExecutor(Executor):
     def __init__(self, *, threads: int, config: SandboxConfig | None = None,
                  on_lost: Callable[[list[str], str], None] | None = None) -> None:
         # on_lost(sids, reason): sessions whose worker ended (a runner node records them as lost).
+        install_django_settings()
         self.pool = SandboxPool(checked(config or sandbox_config(threads)), on_lost=on_lost)
         self._live: dict[str, _Live] = {}
         self._teardowns: set[asyncio.Task] = set()

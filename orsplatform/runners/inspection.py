@@ -34,7 +34,7 @@ from django.conf import settings
 
 from orsplatform.runners.sandbox.cgroups import WorkerCgroup
 from orsplatform.runners.sandbox.config import SandboxConfig
-from orsplatform.runners.sandbox.inspect import child_command
+from orsplatform.runners.sandbox.inspect import CHILDREN, child_command
 from orsplatform.runners.sandbox.pool import runtime_of
 
 READ_CHUNK = 256 * 1024
@@ -287,13 +287,13 @@ def _end_cgroup(cgroup: WorkerCgroup, timeout: float = 5.0) -> None:
 
 def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float, results: Results,
               feed: bytes = b"", runtime: str | None = None) -> ChildRun:
-    """Run `orsplatform.runners.<module> PACKAGE_DIR ARGS...` on a tenant's package, with `feed`
-    on its stdin and its result pipe read into `results`. `runtime` is the package's built Python
+    """Run the child `module` (sandbox/inspect.py: CHILDREN) as `<module> PACKAGE_DIR ARGS...` on a
+    tenant's package, with `feed` on its stdin and its result pipe read into `results`. `runtime` is the package's built Python
     environment; by default the one recorded beside a stored package (sandbox/pool.runtime_of),
     else the platform's own."""
     runtime = runtime or runtime_of(str(package_dir))
     memory, file_bytes = settings.ORS_INSPECT_MEMORY_BYTES, settings.ORS_INSPECT_FILE_BYTES
-    sandbox = SandboxConfig.from_django(threads=1)
+    sandbox = SandboxConfig.from_settings(settings, threads=1)
     errors = Tail()
     with _scratch(sandbox.isolated) as scratch:
         cgroup = None
@@ -307,7 +307,7 @@ def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float
                                 memory_bytes=memory, file_bytes=file_bytes, runtime=runtime, cgroup=cgroup)
             env, cwd = {"PATH": "/usr/bin:/bin"}, "/"
         else:
-            cmd = [f"{runtime}/bin/python" if runtime else sys.executable, "-m", f"orsplatform.runners.{module}",
+            cmd = [f"{runtime}/bin/python" if runtime else sys.executable, "-m", CHILDREN[module],
                    str(package_dir), *args]
             env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "LANG": "C.UTF-8",
                    "PYTHONPATH": str(settings.BASE_DIR), "PYTHONDONTWRITEBYTECODE": "1",

@@ -380,7 +380,8 @@ def _platform_prefixes(package_dir: str) -> list[tuple[str, str]]:
     pairs = [(str(Path(package_dir).resolve()) + "/", ""), (str(Path(package_dir)) + "/", "")]
     for path in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
         pairs.append((path + "/", "<python>/"))
-    pairs.append((str(Path(loader.__file__).resolve().parent.parent.parent) + "/", "<platform>/"))
+    # The folder holding `orsplatform` (/ors/lib in the sandbox), wherever in the tree the loader sits.
+    pairs.append((str(Path(loader.__file__).resolve().parents[loader.__name__.count(".")]) + "/", "<platform>/"))
     for path in {sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"]}:
         pairs.append((path + "/", "<python>/"))
     return sorted(pairs, key=lambda pair: -len(pair[0]))

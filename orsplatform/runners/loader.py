@@ -1,6 +1,7 @@
-"""Import an environment package's class by entrypoint. No Django here: the publishing inspector and
-the prompt renderer use this in their sandbox (sandbox/worker.py keeps its own copy of the import
-rules below, since nothing of the platform is mounted in a worker's sandbox).
+"""Import an environment package's class by entrypoint. No Django here, and nothing of the platform
+imported: the sandbox worker, the publishing inspector and the prompt renderer all import this
+module in their sandboxes (runners/sandbox/binding.py binds it there), so what publishing
+accepted is imported by the very same rules in every session.
 
 Environments are written against ``ors`` (ors-sdk), ``openreward.environments`` (openreward) or
 OpenEnv's ``openenv.core`` (its ``Environment`` / ``MCPEnvironment``, hosted through

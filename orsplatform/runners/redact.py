@@ -2,6 +2,9 @@
 
 Environment code may put a secret it was given into an exception message or a tool output; the
 platform strips every secret value of the session from errors and from the audit log's copy.
+
+Django-free and importing nothing of the platform: the sandbox worker imports this very module
+(bound into its sandbox, runners/sandbox/binding.py), so the gateway and the worker strip alike.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ def redact(value: Any, secrets: tuple[str, ...]) -> Any:
 
 
 def secret_values(secrets: dict[str, str]) -> tuple[str, ...]:
-    # Longest first, so a secret that contains another is removed whole.
-    return tuple(sorted({v for v in secrets.values() if len(v) >= MIN_SECRET_LENGTH}, key=len, reverse=True))
+    # Longest first, so a secret that contains another is removed whole. Values that are not
+    # strings (a malformed X-Secrets entry) are no text to strip, and must not raise here.
+    return tuple(sorted({v for v in secrets.values() if isinstance(v, str) and len(v) >= MIN_SECRET_LENGTH},
+                        key=len, reverse=True))
 
 
 def redact_head(text: str, secrets: tuple[str, ...]) -> str:

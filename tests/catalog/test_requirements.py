@@ -312,6 +312,7 @@ PROBE = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.services  # reaches pypi.org through the registry proxy: not in make test-fast
 def test_the_build_sandbox_reaches_the_registry_and_nothing_else(tmp_path, settings):
     root = Path(settings.ORS_PYENV_DIR)
     work = root / f"work-probe-{tmp_path.name}"

@@ -71,12 +71,21 @@ async def test_create_session_answers_sse_for_an_accept_list_that_includes_it(cl
     assert [e for e, _ in parse_sse(r.text)] == ["task_id", "end"]
 
 
-@pytest.mark.parametrize("content", [b"", b"{}", b'{"env": {"FOO": "bar"}}', b"  \n"])
-async def test_create_session_accepts_an_empty_body_an_empty_object_or_env_vars(client, owner, content):
+@pytest.mark.parametrize("content", [b"", b"{}", b'{"env": {}}', b"  \n"])
+async def test_create_session_accepts_an_empty_body_an_empty_object_or_no_env_vars(client, owner, content):
     r = await client.post("/create_session", headers={**owner.headers, "Content-Type": "application/json"},
                           content=content)
     assert r.status_code == 200, r.text
     assert set(r.json()) == {"sid"}
+
+
+async def test_create_session_refuses_env_vars_it_could_not_give_the_session(client, owner, outsider):
+    # Sessions share a worker process: variables of one session's own would be silently dropped.
+    for person in (owner, outsider):
+        r = await client.post("/create_session", headers={**person.headers, "Accept": "text/event-stream"},
+                              json={"env": {"FOO": "bar"}})
+        assert r.status_code == 400, r.text
+        assert "'env'" in r.json()["detail"] and "secrets" in r.json()["detail"]
 
 
 # --- create -----------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from tests.catalog.support import bare_environment
 from tests.perimeter.support import HealthProbe, address, closed_by_peer, start, start_nginx, wait_for
 from tests.perimeter.test_bodies import ChunkedAttack, tasks_file
 
+pytestmark = pytest.mark.services  # nginx and gateway servers: not in make test-fast
+
 SMALL = 1024 * 1024
 
 

@@ -15,6 +15,8 @@ from redis.exceptions import ResponseError
 
 from orsplatform.runners.coalesce import Coalescer
 
+pytestmark = pytest.mark.services  # the real Redis (REDIS_URL): not in make test-fast
+
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 

@@ -26,10 +26,14 @@ from orsplatform.asgi import build_application
 from orsplatform.gateway.gateway import EpisodeGateway
 from orsplatform.ors.app import OrsApp
 from orsplatform.runners.inline import InlineExecutor, checked
+from orsplatform.runners.sandbox import binding
 from orsplatform.runners.sandbox.config import SandboxConfig, SandboxUnavailable
 from tests.fixtures.ors import parse_sse, sse_result
 from tests.ors.support import in_db, publish_probe_sync, sid_headers, wait_for
 from tests.runners.hostile import CANARY_PATTERN, write_hostile
+
+# The modules of the platform a sandbox worker may hold: those binding.py binds, and their packages.
+WORKER_HELD = {m.rsplit(".", i)[0] for m in binding.WORKER_MODULES for i in range(m.count(".") + 1)}
 
 HOSTILE = "globex/hostile"
 ALLOWED_ENV = {"PATH", "HOME", "LANG", "TMPDIR", "MALLOC_ARENA_MAX", "PWD"}
@@ -42,7 +46,7 @@ def canary() -> str:
 @pytest.fixture
 async def sandbox_app(live_db):
     # Short idle and grace periods so retired and killed workers are seen within a test.
-    config = dataclasses.replace(SandboxConfig.from_django(threads=8), idle_seconds=1.0, grace_seconds=1.0)
+    config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=1.0, grace_seconds=1.0)
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     yield app
     await app.shutdown()
@@ -226,7 +230,9 @@ async def test_team_b_reads_nothing_of_the_platform_or_of_team_a(sbx, owner, out
 async def test_monkeypatching_changes_only_the_tenants_own_worker(sbx, owner, outsider, hostile, probe_a):
     sid = await open_session(sbx, outsider, HOSTILE)
     patched = (await attempt(sbx, outsider, sid, "patch"))["value"]
-    assert patched["executors"] == [] and patched["platform_modules"] == []
+    # Of the platform a worker holds only the sandbox package's Django-free modules (binding.py:
+    # the loader and redaction it shares), nothing that runs sessions; the rest is not importable.
+    assert patched["executors"] == [] and set(patched["platform_modules"]) <= WORKER_HELD, patched
     assert patched["import"]["ok"] is False  # the platform's code is not even importable
     with TeamA(sbx, owner, probe_a) as team_a:
         await team_a.check(at_least=2)  # every reward 0.5, none the rigged 1.0
@@ -280,7 +286,7 @@ async def test_a_fork_bomb_is_bounded_and_its_children_end_with_the_worker(sbx, 
 async def test_a_setsid_child_does_not_outlive_its_session(live_db, outsider, hostile):
     # Workers idle for ten minutes before they retire here: the child must end with its session,
     # not with its worker.
-    config = dataclasses.replace(SandboxConfig.from_django(threads=8), idle_seconds=600.0)
+    config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=600.0)
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     transport = httpx.ASGITransport(app=build_application(app))
     try:

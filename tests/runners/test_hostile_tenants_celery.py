@@ -16,10 +16,14 @@ import httpx
 import pytest
 
 from orsplatform.catalog.services import environment_publish
+from orsplatform.runners.sandbox import binding
 from tests.fixtures.celery import wait_until
 from tests.fixtures.ors import parse_sse, sse_result
 from tests.ors.support import publish_probe_sync
 from tests.runners.hostile import write_hostile
+
+# The modules of the platform a sandbox worker may hold: those binding.py binds, and their packages.
+WORKER_HELD = {m.rsplit(".", i)[0] for m in binding.WORKER_MODULES for i in range(m.count(".") + 1)}
 
 pytestmark = pytest.mark.e2e
 HOSTILE = "globex/hostile"
@@ -248,7 +252,9 @@ def test_on_a_runner_node_team_b_reads_writes_and_reaches_nothing_while_team_a_s
 
             # Monkeypatching reaches only B's own worker: team A's rewards stay 0.5 (checked per call).
             patched = attempt(base, outsider, sid, "patch")["value"]
-            assert patched["executors"] == [] and patched["platform_modules"] == []
+            # Of the platform a worker holds only the sandbox package's Django-free modules (binding.py:
+            # the loader and redaction it shares), nothing that runs sessions; the rest is not importable.
+            assert patched["executors"] == [] and set(patched["platform_modules"]) <= WORKER_HELD, patched
             assert patched["import"]["ok"] is False
 
             # Memory: B finds its own canary (the search works), never one of team A's.

@@ -60,7 +60,13 @@ def test_each_runner_serves_episodes_under_its_own_user_which_reaches_nothing_of
     assert {r["runner"].partition("#")[0] for r in records} == {first, second}
 
     node = redis.Redis.from_url(node_users[first])
-    assert node.llen(f"{cluster.prefix}:inbox:{first}") >= 0  # its own inbox
+    # What is its own, it reaches (a refused command raises, so each line can fail): its inbox's
+    # length, and its heartbeat, read back as the gateways see it (same boot and pid).
+    assert isinstance(node.llen(f"{cluster.prefix}:inbox:{first}"), int)
+    own = node.get(f"{cluster.prefix}:runner:{first}")
+    assert own is not None, "the node's user cannot read its own heartbeat"
+    seen = cluster.heartbeat(first)
+    assert {k: json.loads(own).get(k) for k in ("boot", "pid")} == {k: seen.get(k) for k in ("boot", "pid")}
     forbidden = [
         ("KEYS", "*"), ("SCAN", "0"), ("MONITOR",), ("FLUSHALL",), ("CONFIG", "GET", "*"), ("CLIENT", "LIST"),
         ("GET", f"{cluster.prefix}:state:{sids[0]}"), ("GET", f"{cluster.prefix}:result:x"),

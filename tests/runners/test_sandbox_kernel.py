@@ -34,7 +34,7 @@ REFUSED = ("ptrace", "process_vm_readv", "unshare", "mount", "bpf", "io_uring_se
 
 @pytest.fixture
 async def sandbox_app(live_db):
-    config = dataclasses.replace(SandboxConfig.from_django(threads=8), idle_seconds=1.0, grace_seconds=1.0)
+    config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=1.0, grace_seconds=1.0)
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     yield app
     await app.shutdown()
@@ -142,7 +142,7 @@ async def test_writing_past_the_cap_into_dev_or_dev_shm_fails(sbx, outsider, ker
 
 async def test_each_worker_has_its_own_cgroup_with_memory_pids_and_cpu_weight_removed_when_it_ends(
         live_db, outsider, kernel_env):
-    config = dataclasses.replace(SandboxConfig.from_django(threads=4), cpu_weight=50)
+    config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=4), cpu_weight=50)
     executor = InlineExecutor(threads=4, config=config)
     try:
         await executor.start(SessionSpec(sid="k1", package_path=kernel_env, entrypoint="env:Kernel", task_spec={},
@@ -173,7 +173,7 @@ async def test_each_worker_has_its_own_cgroup_with_memory_pids_and_cpu_weight_re
 
 async def test_a_stray_child_is_gone_after_its_session_ends_even_when_tenant_code_replaced_the_clean_up(
         live_db, outsider, kernel_env):
-    config = dataclasses.replace(SandboxConfig.from_django(threads=8), idle_seconds=600.0)
+    config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=600.0)
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     transport = httpx.ASGITransport(app=build_application(app))
     try:
@@ -199,7 +199,7 @@ def test_no_descriptor_of_the_gateway_reaches_a_worker_under_uvloop(kernel_env):
     os.set_inheritable(leaked_w, True)
 
     async def run() -> list[int]:
-        executor = InlineExecutor(threads=4, config=SandboxConfig.from_django(threads=4))
+        executor = InlineExecutor(threads=4, config=SandboxConfig.from_settings(settings, threads=4))
         try:
             await executor.start(SessionSpec(sid="u1", package_path=kernel_env, entrypoint="env:Kernel",
                                              task_spec={}, owner={"team": 1, "env": "globex/kernel@1"}))

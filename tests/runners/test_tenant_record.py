@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+from django.conf import settings
 
 from orsplatform.asgi import build_application
 from orsplatform.episodes.models import Session, ToolCall
@@ -35,7 +36,7 @@ def canary() -> str:
 
 @pytest.fixture
 async def sbx(live_db):
-    config = dataclasses.replace(SandboxConfig.from_django(threads=8), idle_seconds=1.0, grace_seconds=1.0)
+    config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=1.0, grace_seconds=1.0)
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=build_application(app)),
                                  base_url="http://testserver", timeout=60) as client:

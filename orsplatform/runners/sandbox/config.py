@@ -114,9 +114,9 @@ class SandboxConfig:
         return cls.from_values(env_setting, threads=threads)
 
     @classmethod
-    def from_django(cls, *, threads: int) -> SandboxConfig:
-        from django.conf import settings
-
+    def from_settings(cls, settings: Any, *, threads: int) -> SandboxConfig:
+        """From a settings object (Django's, passed by the caller: this package imports no Django),
+        with the defaults for the names it does not set."""
         return cls.from_values(lambda name: getattr(settings, name, DEFAULTS[name]), threads=threads)
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,11 @@ def channel_setting(name: str) -> Any:
     return default if raw is None or raw.strip() == "" else type(default)(raw)
 
 
+# (name, default) -> value, installed by the Django side (runners/inline.py) in a process whose
+# Django settings are configured; None reads the environment only.
+settings_lookup: Callable[[str, Any], Any] | None = None
+
+
 @dataclass(frozen=True)
 class ChannelLimits:
     max_output: int
@@ -49,16 +55,12 @@ class ChannelLimits:
 
     @classmethod
     def current(cls) -> ChannelLimits:
-        """Django's settings where configured (a gateway; tests override them), else the
-        environment (a runner node)."""
+        """The settings `settings_lookup` reads where the platform installed one (a gateway: Django's,
+        read at each worker start, so settings overridden at run time apply), else the
+        environment (a runner node). This package imports no Django: the Django side installs it."""
         values = {name: channel_setting(name) for name in DEFAULTS}
-        try:
-            from django.conf import settings
-
-            if settings.configured:
-                values = {name: getattr(settings, name, value) for name, value in values.items()}
-        except ImportError:
-            pass
+        if settings_lookup is not None:
+            values = {name: settings_lookup(name, value) for name, value in values.items()}
         max_output = max(1024, int(values["ORS_MAX_TOOL_OUTPUT_BYTES"]))
         return cls(max_output=max_output, max_frame=max(max_output, int(values["ORS_MAX_FRAME_BYTES"])),
                    deadline=float(values["ORS_FRAME_DEADLINE_SECONDS"]),

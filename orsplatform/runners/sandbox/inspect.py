@@ -15,38 +15,34 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orsplatform.runners.sandbox import binding
 from orsplatform.runners.sandbox.cgroups import WorkerCgroup
 from orsplatform.runners.sandbox.config import Limits, SandboxConfig
 from orsplatform.runners.sandbox.pool import data_binds, python_of, sandboxed
 
-RUNNERS = Path(__file__).resolve().parent.parent
-LIB = "/ors/lib"  # a minimal `orsplatform.runners` package inside the sandbox
 PACKAGE = "/ors/env"
+# The child modules, by the name run_child is given.
+CHILDREN = {"inspector": "orsplatform.runners.inspector", "prompt_render": "orsplatform.runners.prompt_render"}
 # Runs a child module with /ors/lib first on the path (-I ignores PYTHONPATH).
-BOOT = ("import runpy, sys; sys.path.insert(0, '/ors/lib'); "
-        "runpy.run_module('orsplatform.runners.{module}', run_name='__main__', alter_sys=True)")
+BOOT = ("import runpy, sys; sys.path.insert(0, '" + binding.LIB + "'); "
+        "runpy.run_module('{module}', run_name='__main__', alter_sys=True)")
 
 
 def child_command(config: SandboxConfig, *, module: str, package_dir: Path, args: list[str],
                   memory_bytes: int, file_bytes: int, runtime: str | None = None,
                   cgroup: WorkerCgroup | None = None) -> list[str]:
-    """argv running `orsplatform.runners.<module>` in the sandbox as `<module> PACKAGE <args...>`."""
-    empty_init = str(RUNNERS / "__init__.py")  # an empty module, standing in for both packages
+    """argv running the child `module` (CHILDREN) in the sandbox as `<module> PACKAGE <args...>`."""
+    dotted = CHILDREN[module]
     binds = [
         "--ro-bind", str(package_dir), PACKAGE,
-        "--ro-bind", empty_init, f"{LIB}/orsplatform/__init__.py",
-        "--ro-bind", empty_init, f"{LIB}/orsplatform/runners/__init__.py",
-        "--ro-bind", str(RUNNERS / f"{module}.py"), f"{LIB}/orsplatform/runners/{module}.py",
-        "--ro-bind", str(RUNNERS / "loader.py"), f"{LIB}/orsplatform/runners/loader.py",
+        *binding.module_binds((dotted, *binding.CHILD_MODULES)),
         *data_binds(str(package_dir)),  # /orwd_data: a class may list its tasks from its data
-        "--ro-bind", empty_init, f"{LIB}/orsplatform/runners/sandbox/__init__.py",
-        "--ro-bind", str(RUNNERS / "sandbox" / "openenv_host.py"), f"{LIB}/orsplatform/runners/sandbox/openenv_host.py",
     ]
     # /tmp is a tmpfs: what the child writes there is memory, so it gets a worker's default size
     # (ORS_SANDBOX_TMP_MB), not the validation's larger per-file limit.
     limits = Limits(memory_bytes=memory_bytes, cpu_seconds=config.defaults.cpu_seconds,
                     processes=config.defaults.processes, open_files=config.defaults.open_files,
                     tmp_bytes=min(file_bytes, config.defaults.tmp_bytes))
-    argv = [python_of(config, runtime), "-I", "-c", BOOT.format(module=module), PACKAGE, *args]
+    argv = [python_of(config, runtime), "-I", "-c", BOOT.format(module=dotted), PACKAGE, *args]
     env = {"ORS_INSPECT_MEMORY_BYTES": str(memory_bytes), "ORS_INSPECT_FILE_BYTES": str(file_bytes)}
     return sandboxed(config, limits, binds, argv, env, runtime=runtime, chdir=PACKAGE, cgroup=cgroup)

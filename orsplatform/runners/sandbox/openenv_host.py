@@ -1,8 +1,8 @@
 """OpenEnv-SDK environments (``openenv.core`` ``Environment`` / ``MCPEnvironment`` subclasses) run as
 the platform's episodes: what a class declares, and one session's instance.
 
-Imported by the publishing inspector (runners/inspector.py) and loaded by path by the sandbox worker
-(worker.py, which sees nothing else of the platform): standard library, pydantic and orjson here;
+Imported by the publishing inspector (runners/inspector.py) and by the sandbox worker
+(worker.py; both bound into their sandboxes by binding.py): standard library, pydantic and orjson here;
 ``openenv`` is imported only once the package has imported it (its requirement, built per version).
 
 An OpenEnv package declares its server the way OpenEnv's own examples do, in ``server/app.py``:

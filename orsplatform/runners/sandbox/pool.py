@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from orsplatform.runners.sandbox import seccomp
+from orsplatform.runners.sandbox import binding, seccomp
 from orsplatform.runners.sandbox.cgroups import WorkerCgroup, descendants, kill_strays
 from orsplatform.runners.sandbox.config import Limits, SandboxConfig
 from orsplatform.runners.sandbox.framing import PARSE_OFF_LOOP_BYTES, REPLY_ID, ChannelLimits, ReplyTooLarge
@@ -48,12 +48,10 @@ HEADER = struct.Struct(">I")
 # so a worker writing faster than the supervisor reads is held back by its pipe, not buffered here
 # (frame sizes are framing.py's; a stderr line longer than this ends the draining of tenant prints).
 MAX_FRAME = 4 * 1024 * 1024
-WORKER_SCRIPT = Path(__file__).with_name("worker.py")
-# The OpenEnv-SDK adapter the worker loads from beside itself (worker.openenv_host).
-OPENENV_HOST_SCRIPT = Path(__file__).with_name("openenv_host.py")
+WORKER_MODULE = f"{binding.PACKAGE}.worker"
 LAUNCH_SCRIPT = Path(__file__).with_name("launch.py")
 # Where things appear inside the sandbox: neutral paths, none of the host's.
-SANDBOX_WORKER = "/ors/worker.py"
+SANDBOX_WORKER = binding.module_path(WORKER_MODULE, binding.LIB)  # with the modules it shares (binding.py)
 SANDBOX_PACKAGE = "/ors/env"
 SANDBOX_PYTHON_HOME = "/ors/python"  # the base interpreter's prefix
 SANDBOX_VENV = "/ors/venv"  # site-packages: the platform's virtualenv or the package's own
@@ -173,7 +171,7 @@ def command(config: SandboxConfig, package_dir: str, limits: Limits, cgroup: Wor
     runtime = runtime_of(package_dir)
     python = python_of(config, runtime)
     if not config.isolated:
-        return [*wrappers(limits), python, "-I", str(WORKER_SCRIPT), package_dir, str(config.threads)]
+        return [*wrappers(limits), python, "-I", binding.module_path(WORKER_MODULE), package_dir, str(config.threads)]
     worker = [python, "-I", SANDBOX_WORKER, SANDBOX_PACKAGE, str(config.threads)]
     # A small package is copied into the sandbox's (read-only) root rather than bound: a bind
     # mount names its source directory (the package store's <hash>) in /proc/self/mountinfo.
@@ -188,8 +186,7 @@ def command(config: SandboxConfig, package_dir: str, limits: Limits, cgroup: Wor
     # Started in the package's folder, as `python server.py` is run from its repository: code that
     # opens its data files by relative path finds them (read-only; /tmp is where it may write).
     package += data_binds(package_dir)
-    binds = ["--ro-bind", str(WORKER_SCRIPT), SANDBOX_WORKER,
-             "--ro-bind", str(OPENENV_HOST_SCRIPT), str(Path(SANDBOX_WORKER).with_name(OPENENV_HOST_SCRIPT.name))]
+    binds = binding.module_binds(binding.WORKER_MODULES)
     return sandboxed(config, limits, [*binds, *package], worker,
                      runtime=runtime, chdir=SANDBOX_PACKAGE, cgroup=cgroup, copies=copies)
 

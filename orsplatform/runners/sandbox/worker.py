@@ -1,10 +1,11 @@
 """A sandbox worker: hosts the sessions of one environment version opened by one team.
 
-Started by the pool (pool.py) inside bubblewrap as ``python -I worker.py PACKAGE_DIR THREADS``, with
-this file and the package bound read-only and nothing of the platform visible. It imports no
-Django and nothing of ``orsplatform`` (the platform's tree is not mounted in the sandbox), only the
-SDKs (``ors``, and ``openreward.environments`` when the environment is written against it),
-pydantic and orjson from the read-only site-packages.
+Started by the pool (pool.py) inside bubblewrap as ``python -I .../worker.py PACKAGE_DIR THREADS``,
+with the package bound read-only and, of the platform, only the modules binding.py lists (this
+file, the OpenEnv adapter, and the package loader and redaction it shares with the gateway: one
+copy of each rule). It imports no Django and nothing else of ``orsplatform`` (the rest of the tree
+is not mounted in the sandbox), only the SDKs (``ors``, and ``openreward.environments`` when the
+environment is written against it), pydantic and orjson from the read-only site-packages.
 
 The two SDKs' types are the same models (blocks, ToolOutput, Split, ToolSpec), so what a worker
 answers is the same JSON whichever SDK a class uses. Where they differ is tool dispatch: an
@@ -24,11 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import inspect
 import os
 import signal
@@ -42,12 +39,19 @@ from typing import Any
 
 import orjson
 
+# The dotted name of this file's package. Run as a script (the pool's argv), the tree that holds it
+# goes first on the path (/ors/lib in a sandbox), so the shared rules import by their own names.
+PACKAGE = "orsplatform.runners.sandbox"
+if not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[len(PACKAGE.split("."))]))
+
+from orsplatform.runners import loader  # noqa: E402
+from orsplatform.runners.redact import redact, secret_values  # noqa: E402
+
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 LAZY_SECONDS = 0.05
-REDACTED = "[redacted]"
-MIN_SECRET_LENGTH = 4  # as orsplatform.runners.redact: shorter values would redact ordinary text
 
 
 class EnvironmentExit(Exception):
@@ -56,26 +60,6 @@ class EnvironmentExit(Exception):
 
 class UnknownSession(Exception):
     pass
-
-
-def redact(value: Any, secrets: tuple[str, ...]) -> Any:
-    if not secrets:
-        return value
-    if isinstance(value, str):
-        for secret in secrets:
-            if secret in value:
-                value = value.replace(secret, REDACTED)
-        return value
-    if isinstance(value, dict):
-        return {redact(k, secrets): redact(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v, secrets) for v in value]
-    return value
-
-
-def secret_values(secrets: dict[str, str]) -> tuple[str, ...]:
-    return tuple(sorted({v for v in secrets.values() if isinstance(v, str) and len(v) >= MIN_SECRET_LENGTH},
-                        key=len, reverse=True))
 
 
 def tool_error(message: str, reason: str) -> dict:
@@ -106,84 +90,23 @@ class _Live:
         self.dispatch = dispatch  # the SDK's way of running a tool, chosen at setup
 
 
-# --- importing a package: the rules of orsplatform.runners.loader, which is not mounted here ---------
+# --- importing a package: the loader's rules (loader.py), shared with the inspector -------------
 
-SDK_MODULES = ("ors.environment", "openreward.environments.environment", "openenv.core.env_server.interfaces")
-OPENENV_HOST = Path(__file__).with_name("openenv_host.py")  # bound beside this file in the sandbox
+SDK_MODULES = tuple(loader.SDK_MODULES)
 IDLE_OPENENV_INSTANCES = 64  # per class: a worker's sessions (ORS_SANDBOX_SESSIONS_PER_WORKER's default)
+sdk_base = loader.sdk_base
+register_package = loader.register_package
 
 
 def openenv_host() -> types.ModuleType:
-    """The OpenEnv-SDK adapter (openenv_host.py), loaded by path: only this file's folder is
-    mounted, and ``-I`` keeps it off sys.path. Loaded when the first OpenEnv class is."""
-    module = sys.modules.get("ors_openenv_host")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("ors_openenv_host", OPENENV_HOST)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["ors_openenv_host"] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-def sdk_base(cls: object) -> type | None:
-    """The SDK Environment base class ``cls`` derives from (None for anything else)."""
-    if not isinstance(cls, type):
-        return None
-    for name in SDK_MODULES:
-        base = getattr(sys.modules.get(name), "Environment", None)
-        if isinstance(base, type) and cls is not base and issubclass(cls, base):
-            return base
-    return None
+    """The OpenEnv-SDK adapter (openenv_host.py, bound beside this file), imported when the first
+    OpenEnv class is."""
+    return importlib.import_module(f"{PACKAGE}.openenv_host")
 
 
 def is_openenv_class(cls: type) -> bool:
     base = getattr(sys.modules.get(SDK_MODULES[2]), "Environment", None)
     return isinstance(base, type) and issubclass(cls, base)
-
-
-class _Alias(importlib.abc.Loader):
-    def __init__(self, target: str) -> None:
-        self.target = target
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module) -> None:
-        sys.modules[module.__name__] = importlib.import_module(self.target)
-
-
-class _PackageImports(importlib.abc.MetaPathFinder):
-    """``from utils import x`` (as ``python server.py`` allows) is the package's own module."""
-
-    def __init__(self, pkg_name: str, names: set[str]) -> None:
-        self.pkg_name, self.names = pkg_name, names
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.partition(".")[0] not in self.names:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, _Alias(f"{self.pkg_name}.{fullname}"))
-
-
-def _defer_openreward_init() -> None:
-    """openreward/__init__.py imports the SDK's API client (seconds); it runs on first use instead."""
-    try:
-        spec = importlib.util.find_spec("openreward")
-    except (ImportError, ValueError):
-        return
-    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    ran = [False]
-
-    def __getattr__(name: str):
-        if ran[0] or name.startswith("__"):
-            raise AttributeError(f"module 'openreward' has no attribute {name!r}")
-        ran[0] = True
-        spec.loader.exec_module(module)
-        return getattr(module, name)
-
-    module.__getattr__ = __getattr__  # type: ignore[attr-defined]
-    sys.modules.setdefault("openreward", module)
 
 
 def _quiet_openreward_logs() -> None:
@@ -202,25 +125,6 @@ def _quiet_openreward_logs() -> None:
             wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)).bind(**logger._context)
     except Exception:
         pass  # another SDK release: its INFO lines go to stderr, nothing worse
-
-
-def register_package(package_dir: str) -> str:
-    root = Path(package_dir).resolve()
-    name = "orspkg_" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    if name in sys.modules:
-        return name
-    roots = [root]
-    if (root / "src").is_dir() and not (root / "src" / "__init__.py").exists():
-        roots.append(root / "src")
-    names = {p.stem if p.suffix == ".py" else p.name for r in roots for p in r.iterdir()
-             if (p.suffix == ".py" and p.stem.isidentifier())
-             or (p.is_dir() and p.name.isidentifier() and any(p.glob("*.py")))}
-    _defer_openreward_init()
-    pkg = types.ModuleType(name)
-    pkg.__path__ = [str(r) for r in roots]
-    sys.modules[name] = pkg
-    sys.meta_path.insert(0, _PackageImports(name, names))
-    return name
 
 
 class Host:
@@ -255,16 +159,8 @@ class Host:
         return cls
 
     def _import(self, entrypoint: str) -> type:
-        module_path, sep, class_name = entrypoint.partition(":")
-        if not sep or not module_path or not class_name:
-            raise ValueError(f"Entrypoint {entrypoint!r} must look like 'module:Class'.")
-        # Same module naming as orsplatform.runners.loader, so tracebacks read alike.
-        pkg_name = register_package(self.package_dir)
-        module = importlib.import_module(f"{pkg_name}.{module_path}")
-        cls = getattr(module, class_name, None)
-        if sdk_base(cls) is None:
-            raise ValueError(f"{entrypoint!r} is not an Environment subclass (ors or openreward).")
-        return cls
+        # The inspector's rules and module naming (loader.py): what publishing accepted imports here.
+        return loader.load_environment_class(self.package_dir, entrypoint)
 
     def declaration(self, entrypoint: str, cls: type) -> Any:
         """What an OpenEnv class's app declares (factory, action model), looked up once."""
