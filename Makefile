@@ -93,7 +93,7 @@ worker: install
 	$(WORKER_CMD) --loglevel info
 
 runner: install sandbox-deps
-	env -u DATABASE_URL -u SECRET_KEY $(PY) -m orsplatform.runners.node --hostname $(RUNNER)@%h --loglevel info
+	env -u DATABASE_URL -u SECRET_KEY $(PY) -m orsplatform.executors.node --hostname $(RUNNER)@%h --loglevel info
 
 lint: install
 	$(PY) -m ruff check .

@@ -122,14 +122,14 @@ def start_runner(name: str, prefix: str, workdir: Path) -> subprocess.Popen:
     environ.update(REDIS_URL=REDIS_URL, ORS_REDIS_PREFIX=prefix)
     log = (workdir / f"{name}.log").open("wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "orsplatform.runners.node", "--hostname", f"{name}@{prefix}", "--loglevel", "warning"],
+        [sys.executable, "-m", "orsplatform.executors.node", "--hostname", f"{name}@{prefix}", "--loglevel", "warning"],
         cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def wait_for_runners(prefix: str, count: int, timeout: float = 60) -> None:
     import redis
 
-    from orsplatform.runners.keys import Keys, live_runner_names
+    from orsplatform.executors.keys import Keys, live_runner_names
 
     client = redis.Redis.from_url(REDIS_URL)
     deadline = time.monotonic() + timeout

@@ -47,9 +47,9 @@ async def main(tasks: int, rounds: int) -> None:
     django.setup()
     from orsplatform.catalog.hidden import digest, redact
     from orsplatform.catalog.selectors import EnvHandle, SplitInfo
-    from orsplatform.gateway.gateway import EpisodeGateway
-    from orsplatform.gateway.store import Store
-    from orsplatform.runners.inline import InlineExecutor
+    from orsplatform.engine.gateway import EpisodeGateway
+    from orsplatform.engine.store import Store
+    from orsplatform.executors.inline import InlineExecutor
 
     hidden = frozenset({"answer"})
     open_split = SplitInfo(1, "open", "train", tasks, 1)

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TICKS = os.sysconf("SC_CLK_TCK")
 
-from orsplatform.runners.executor import SessionSpec  # noqa: E402
-from orsplatform.runners.inline import InlineExecutor  # noqa: E402
-from orsplatform.runners.sandbox.config import SandboxConfig  # noqa: E402
+from orsplatform.executors.executor import SessionSpec  # noqa: E402
+from orsplatform.executors.inline import InlineExecutor  # noqa: E402
+from orsplatform.sandbox.config import SandboxConfig  # noqa: E402
 
 
 def tree_cpu(pid: int) -> float:
@@ -51,7 +51,7 @@ def tree_cpu(pid: int) -> float:
 
 
 def old_executor(rev: str):
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:orsplatform/runners/inline.py"],
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:orsplatform/executors/inline.py"],
                             capture_output=True, text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "inline_before.py"
     path.write_text(source)

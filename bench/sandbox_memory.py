@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orsplatform.runners.executor import SessionSpec  # noqa: E402
-from orsplatform.runners.inline import InlineExecutor  # noqa: E402
-from orsplatform.runners.sandbox.config import SandboxConfig  # noqa: E402
+from orsplatform.executors.executor import SessionSpec  # noqa: E402
+from orsplatform.executors.inline import InlineExecutor  # noqa: E402
+from orsplatform.sandbox.config import SandboxConfig  # noqa: E402
 
 
 def tree(pid: int) -> list[int]:

@@ -3,7 +3,7 @@
     cd /work/main && .venv/bin/python bench/tenant_noise.py --duration 10
 
 Starts the platform (uvicorn, embedded default: SQLite and the inline executor unless DATABASE_URL
-is set), with two teams that each publish tests/runners/noisy.py's environment. The quiet team runs
+is set), with two teams that each publish tests/executors/noisy.py's environment. The quiet team runs
 closed-loop episodes of `count` calls throughout; the noisy team, in turn,
   (a) burns CPU in its tools (`burn`),
   (b) floods its channel with 16 MiB frames that answer no request (`flood`; each kills its worker,
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from compare import free_port, manage, platform_command, server_process  # noqa: E402
 
-from tests.runners.noisy import write_noisy  # noqa: E402
+from tests.executors.noisy import write_noisy  # noqa: E402
 
 BUDGET = 1.5
 MiB = 1024 * 1024

@@ -14,7 +14,7 @@ django_application = get_asgi_application()
 
 from django.conf import settings  # noqa: E402
 
-from orsplatform.gateway.gateway import EpisodeGateway  # noqa: E402
+from orsplatform.engine.gateway import EpisodeGateway  # noqa: E402
 from orsplatform.openenv.app import OpenEnvFace  # noqa: E402
 from orsplatform.ors.app import OrsApp  # noqa: E402
 from orsplatform.perimeter.bodies import limit_bodies  # noqa: E402

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orsplatform.runners.sandbox.config import DEFAULTS as SANDBOX_DEFAULTS
-from orsplatform.runners.sandbox.framing import DEFAULTS as CHANNEL_DEFAULTS
+from orsplatform.sandbox.config import DEFAULTS as SANDBOX_DEFAULTS
+from orsplatform.sandbox.framing import DEFAULTS as CHANNEL_DEFAULTS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MiB = 1024 * 1024
@@ -147,7 +147,7 @@ def _var(rel: str) -> Derived:
 
 
 def _sandbox(name: str, help: str, **extra: Any) -> None:
-    # The defaults stay in runners/sandbox/config.py, which sandbox supervisors read without this module.
+    # The defaults stay in sandbox/config.py, which sandbox supervisors read without this module.
     default = SANDBOX_DEFAULTS[name]
     if isinstance(default, bool):
         _add(name, "bool", default, help, node=True, **extra)
@@ -158,7 +158,7 @@ def _sandbox(name: str, help: str, **extra: Any) -> None:
 
 
 def _channel(name: str, help: str) -> None:
-    _num(name, CHANNEL_DEFAULTS[name], help, node=True)  # defaults: runners/sandbox/framing.py
+    _num(name, CHANNEL_DEFAULTS[name], help, node=True)  # defaults: sandbox/framing.py
 
 
 # --- Django and the deployment (docs/accounts.md) -----------------------------------------------------

@@ -59,7 +59,7 @@ INSTALLED_APPS = [
     "orsplatform.episodes",
     "orsplatform.console",
     "orsplatform.analytics",
-    "orsplatform.runners",  # its beat tasks (runners/tasks.py); no models
+    "orsplatform.executors",  # its beat tasks (executors/tasks.py); no models
     "orsplatform.hub",
     "orsplatform.evals",  # AAP agents, evaluation runs and leaderboards
     "orsplatform.verify",  # verified versions: replay of recorded episodes, reference solutions
@@ -281,7 +281,7 @@ ORS_PG_ASYNC_WRITES = env["ORS_PG_ASYNC_WRITES"]
 ORS_MAX_HEADER_BYTES = env["ORS_MAX_HEADER_BYTES"]
 ORS_MAX_LIST_TASKS = env["ORS_MAX_LIST_TASKS"]
 ORS_TOOL_THREADS = env["ORS_TOOL_THREADS"]  # per sandbox worker
-# Sandbox workers (runners/sandbox/): the defaults live in runners/sandbox/config.py so runner nodes,
+# Sandbox workers (runners/sandbox/): the defaults live in sandbox/config.py so runner nodes,
 # which have no Django settings, read the same names with the same defaults.
 ORS_SANDBOX = env["ORS_SANDBOX"]  # bwrap | none (tenants NOT isolated; said at every start)
 ORS_SANDBOX_BWRAP = env["ORS_SANDBOX_BWRAP"]
@@ -310,7 +310,7 @@ ORS_SANDBOX_TOTAL_CPU_WEIGHT = env["ORS_SANDBOX_TOTAL_CPU_WEIGHT"]
 # prompt, task tools) over ORS_MAX_TOOL_OUTPUT_BYTES ends its request with an error and the audit
 # log keeps its first ORS_AUDIT_TRUNCATED_BYTES; a frame over ORS_MAX_FRAME_BYTES, one unfinished
 # after ORS_FRAME_DEADLINE_SECONDS, or one answering no request kills the worker. Runner nodes read
-# the same variables (runners/sandbox/framing.py holds the defaults).
+# the same variables (sandbox/framing.py holds the defaults).
 ORS_MAX_TOOL_OUTPUT_BYTES = env["ORS_MAX_TOOL_OUTPUT_BYTES"]
 ORS_MAX_FRAME_BYTES = env["ORS_MAX_FRAME_BYTES"]
 ORS_FRAME_DEADLINE_SECONDS = env["ORS_FRAME_DEADLINE_SECONDS"]
@@ -412,7 +412,7 @@ ORS_BUILD_LOG_DIR = env["ORS_BUILD_LOG_DIR"]
 ORS_BUILD_INDEX_URL = env["ORS_BUILD_INDEX_URL"]
 ORS_BUILD_ALLOWED_HOSTS = env["ORS_BUILD_ALLOWED_HOSTS"]
 # The OpenEnv SDK version an environment that requires openenv (or openenv-core) is built with: the
-# one the sandbox's OpenEnv adapter (runners/sandbox/openenv_host.py) is written against.
+# one the sandbox's OpenEnv adapter (sandbox/openenv_host.py) is written against.
 ORS_OPENENV_VERSION = env["ORS_OPENENV_VERSION"]
 ORS_BUILD_TIMEOUT_SECONDS = env["ORS_BUILD_TIMEOUT_SECONDS"]
 ORS_BUILD_MEMORY_MB = env["ORS_BUILD_MEMORY_MB"]

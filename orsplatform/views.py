@@ -49,7 +49,7 @@ def _redis_checks() -> dict[str, str]:
     """Redis answers, and (celery executor) at least one runner node has a heartbeat."""
     import redis
 
-    from orsplatform.runners.keys import Keys, live_runner_names
+    from orsplatform.executors.keys import Keys, live_runner_names
 
     checks: dict[str, str] = {}
     try:

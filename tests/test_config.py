@@ -18,7 +18,7 @@ from tests.fixtures.server import ROOT, free_port
 
 BAD = {"ORS_SANDBOX": "bwarp", "DEBUG": "ture", "ORS_MAX_BODY_BYTES": "-5"}
 # Variables code reads that are not settings of the platform: the shell's, make's, or a runner
-# password named after its host (runners/acl.py), or those the compose file passes to healthchecks.
+# password named after its host (executors/acl.py), or those the compose file passes to healthchecks.
 NOT_SETTINGS = {"PATH", "HOST", "PORT", "DJANGO_SETTINGS_MODULE", "RUNNER_HOSTNAME"}
 
 
@@ -52,7 +52,7 @@ def test_the_asgi_server_refuses_bad_values_before_it_serves():
 def test_a_runner_node_refuses_bad_values_without_django_or_a_database():
     env = {k: v for k, v in environ(**BAD).items()
            if k not in ("DATABASE_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
-    cmd = [sys.executable, "-m", "celery", "-A", "orsplatform.runners.node", "worker", "--pool", "threads",
+    cmd = [sys.executable, "-m", "celery", "-A", "orsplatform.executors.node", "worker", "--pool", "threads",
            "--hostname", "config-test@%h", "--without-mingle", "--without-gossip"]
     output = refused(cmd, env)
     assert "runner node: Refusing to start" in output
@@ -94,8 +94,8 @@ def test_numbers_are_typed_and_bounded():
 
 
 def test_the_sandbox_defaults_are_the_ones_its_supervisors_read_without_the_registry():
-    from orsplatform.runners.sandbox.config import DEFAULTS
-    from orsplatform.runners.sandbox.framing import DEFAULTS as CHANNEL
+    from orsplatform.sandbox.config import DEFAULTS
+    from orsplatform.sandbox.framing import DEFAULTS as CHANNEL
 
     got = config.load({})
     assert all(got[name] == value for name, value in {**DEFAULTS, **CHANNEL}.items())

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from orsplatform.api import analytics, evals, flags, publishing, runs, verification, views
+from orsplatform.api import analytics, catalog, evals, flags, runs, verification, views
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -11,24 +11,24 @@ urlpatterns = [
     path("v1/environments/<str:team>/<str:slug>", views.EnvironmentDetailView.as_view(), name="api-environment"),
     path("v1/sessions", views.SessionListView.as_view(), name="api-sessions"),
     path("v1/sessions/<str:sid>", views.SessionDetailView.as_view(), name="api-session"),
-    # Publishing (orsplatform/api/publishing.py)
-    path("v1/environments/<str:team>/<str:slug>/versions", publishing.VersionListView.as_view(),
+    # Publishing (orsplatform/api/catalog.py)
+    path("v1/environments/<str:team>/<str:slug>/versions", catalog.VersionListView.as_view(),
          name="api-versions"),
-    path("v1/environments/<str:team>/<str:slug>/versions/<int:number>", publishing.VersionDetailView.as_view(),
+    path("v1/environments/<str:team>/<str:slug>/versions/<int:number>", catalog.VersionDetailView.as_view(),
          name="api-version"),
-    path("v1/environments/<str:team>/<str:slug>/rollback", publishing.RollbackView.as_view(), name="api-rollback"),
+    path("v1/environments/<str:team>/<str:slug>/rollback", catalog.RollbackView.as_view(), name="api-rollback"),
     path("v1/environments/<str:team>/<str:slug>/versions/<int:number>/verification",
          verification.VerificationView.as_view(), name="api-verification"),
     path("v1/environments/<str:team>/<str:slug>/versions/<int:number>/confirm",
          verification.VersionConfirmView.as_view(), name="api-version-confirm"),
     path("v1/environments/<str:team>/<str:slug>/verify-settings", verification.VerifySettingsView.as_view(),
          name="api-verify-settings"),
-    path("v1/environments/<str:team>/<str:slug>/splits", publishing.SplitListView.as_view(), name="api-splits"),
-    path("v1/environments/<str:team>/<str:slug>/splits/<str:split>", publishing.SplitDetailView.as_view(),
+    path("v1/environments/<str:team>/<str:slug>/splits", catalog.SplitListView.as_view(), name="api-splits"),
+    path("v1/environments/<str:team>/<str:slug>/splits/<str:split>", catalog.SplitDetailView.as_view(),
          name="api-split"),
-    path("v1/environments/<str:team>/<str:slug>/splits/<str:split>/tasks", publishing.SplitTasksView.as_view(),
+    path("v1/environments/<str:team>/<str:slug>/splits/<str:split>/tasks", catalog.SplitTasksView.as_view(),
          name="api-split-tasks"),
-    path("v1/ingest-jobs/<int:job_id>", publishing.IngestJobView.as_view(), name="api-ingest-job"),
+    path("v1/ingest-jobs/<int:job_id>", catalog.IngestJobView.as_view(), name="api-ingest-job"),
     # Analytics and export (orsplatform/api/analytics.py)
     path("v1/analytics/overview", analytics.AnalyticsOverviewView.as_view(), name="api-analytics-overview"),
     path("v1/analytics/environments/<str:team>/<str:slug>", analytics.AnalyticsEnvironmentView.as_view(),

@@ -21,7 +21,7 @@ from pathlib import Path
 from django.conf import settings
 
 from orsplatform.catalog import packages
-from orsplatform.runners.sandbox.pool import DATA_SUFFIX
+from orsplatform.sandbox.pool import DATA_SUFFIX
 
 LISTED_FILES = 1000  # files shown on the environment page (the rest counted)
 

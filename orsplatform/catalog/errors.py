@@ -2,7 +2,7 @@
 name, and tracebacks with the package's own frames only (paths relative to the package root),
 never the platform's paths or frames.
 
-The inspector (runners/inspector.py) filters the tracebacks it reports itself; what is filtered
+The inspector (sandbox/inspector.py) filters the tracebacks it reports itself; what is filtered
 here is text the platform only has as text: the tail of a validation process's output when it was
 killed or died without a report.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from orsplatform.runners.sandbox.inspect import PACKAGE
+from orsplatform.sandbox.inspect import PACKAGE
 
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+')
 SYNTHETIC = re.compile(r"orspkg_[0-9a-f]{16}\.?")

@@ -7,7 +7,7 @@ its disk once. Identical sets share one environment: the declared set is looked 
 installer runs at all), then the resolved set (``uv pip compile``) names the environment's folder,
 ``ORS_PYENV_DIR/<sha256 of the resolved set>``.
 
-Every uv run happens in the sandbox (runners/sandbox/build.py): no network but the registry
+Every uv run happens in the sandbox (sandbox/build.py): no network but the registry
 proxy (registry_proxy.py), a time limit, an address-space and a file-size limit, and wheels only
 (``--no-build``): no setup.py of any package runs there, so the shared cache cannot be poisoned.
 A requirement published only as a source distribution (the wheels-only resolve names it,
@@ -45,10 +45,10 @@ from packaging.utils import canonicalize_name
 
 from orsplatform.catalog import sdists
 from orsplatform.catalog.requirements import platform_pins
-from orsplatform.runners import inspection
-from orsplatform.runners.sandbox import untrusted_files
-from orsplatform.runners.sandbox.config import Limits, SandboxConfig
-from orsplatform.runners.sandbox.pool import RUNTIME_SUFFIX, sandboxed
+from orsplatform.executors import inspection
+from orsplatform.sandbox import untrusted_files
+from orsplatform.sandbox.config import Limits, SandboxConfig
+from orsplatform.sandbox.pool import RUNTIME_SUFFIX, sandboxed
 
 BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "runners" / "sandbox" / "build.py"
 SANDBOX_BUILD_SCRIPT = "/ors/build.py"
@@ -219,8 +219,8 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path 
     """Run uv commands in the build sandbox, their output appended to the log (and the end of it
     returned). ``private``: a source build, in a sandbox that sees only that folder (writable),
     with a throwaway cache in its /tmp and a cgroup of its own."""
-    from orsplatform.runners.sandbox.cgroups import WorkerCgroup
-    from orsplatform.runners.sandbox.registry_proxy import RegistryProxy, index_origins
+    from orsplatform.sandbox.cgroups import WorkerCgroup
+    from orsplatform.sandbox.registry_proxy import RegistryProxy, index_origins
 
     cache = settings.ORS_UV_CACHE_DIR
     cache.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,8 @@ of failing as ``KeyError: 'txt'`` in the first session.
 The sample: ORS_TASK_CHECK_ROWS rows (0: no check), always the first and the others drawn at random
 from the whole file while it streams (reservoir sampling: one pass, the sample's memory only).
 
-The child is the publishing inspector (runners/inspector.py, ``check_rows``) run by
-runners/inspection.py: the workers' sandbox, no secrets, its limits, its process group killed at the
+The child is the publishing inspector (sandbox/inspector.py, ``check_rows``) run by
+executors/inspection.py: the workers' sandbox, no secrets, its limits, its process group killed at the
 end. What comes back is the package's own frames only; values of the split's hidden fields (every
 value of a sealed split's row) are then blanked from the messages, since an ingest job's report is
 read by every member of the team and by any of its keys, not only by its publishers.
@@ -27,7 +27,7 @@ import orjson
 from django.conf import settings
 
 from orsplatform.catalog.models import EnvironmentVersion, Split
-from orsplatform.runners.inspection import Results, run_child
+from orsplatform.executors.inspection import Results, run_child
 
 HIDDEN = "[hidden]"
 MIN_BLANKED = 2  # shorter values (a digit) would blank line numbers, and tell little

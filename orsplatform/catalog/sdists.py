@@ -35,7 +35,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from orsplatform.runners.sandbox import untrusted_files
+from orsplatform.sandbox import untrusted_files
 
 INDEX_PAGE_BYTES = 16 * 1024 * 1024
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"

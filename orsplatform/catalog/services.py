@@ -28,7 +28,7 @@ from orsplatform.catalog.ingest import IngestError, RowsFailed, TaskQuotaExceede
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.celery import task
 from orsplatform.episodes.models import Session
-from orsplatform.runners.inspection import Results, run_child
+from orsplatform.executors.inspection import Results, run_child
 from orsplatform.teams.models import ApiKey, Team
 from orsplatform.teams.services import validate_slug
 from orsplatform.verify import config as verify_config
@@ -182,8 +182,8 @@ def publisher_label(*, user=None, key=None) -> str:
 
 def _inspect(package_dir: Path, entrypoint: str, work: Path, sample: dict | None = None,
              runtime: str | None = None) -> dict:
-    """The inspector's report on ``package_dir`` (runners/inspector.py, run as a contained child by
-    runners/inspection.py: the workers' sandbox, a wall-clock limit, memory and file-size rlimits,
+    """The inspector's report on ``package_dir`` (sandbox/inspector.py, run as a contained child by
+    executors/inspection.py: the workers' sandbox, a wall-clock limit, memory and file-size rlimits,
     its whole process group killed at the end), or PublishError. The child sees neither ``work``
     nor any other host folder it could write: its results come back over its pipe, and the tasks
     its class lists are written by the platform to ``work/tasks/<n>.jsonl``."""

@@ -16,8 +16,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from orsplatform.catalog import selectors as catalog
 from orsplatform.catalog.models import EnvironmentVersion
+from orsplatform.console.environments import can_publish
 from orsplatform.console.forms import VerifySettingsForm
-from orsplatform.console.publishing import can_publish
 from orsplatform.teams import selectors
 from orsplatform.teams.models import Team
 from orsplatform.verify import selectors as verify

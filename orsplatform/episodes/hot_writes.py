@@ -2,7 +2,7 @@
 
 A gateway group-commits concurrent writes: a batch runs each kind of hot write as one statement
 (the ORM's many-rows form on SQLite and on the DB threads, or raw SQL through psycopg async on
-PostgreSQL, see ``gateway/pg_writer.py``), and a batch that fails is redone row by row (the single
+PostgreSQL, see ``engine/pg_writer.py``), and a batch that fails is redone row by row (the single
 form), so one bad row fails alone. The SQL forms take their columns from the models, so a field
 added to ``Session`` or ``ToolCall`` reaches both paths at once.
 """

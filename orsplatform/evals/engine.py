@@ -27,13 +27,13 @@ import httpx
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
+from orsplatform.engine.errors import GatewayError, storable
 from orsplatform.evals import crypto, egress, services
 from orsplatform.evals.aap import AapClient, AapError, Turn, UrlNotAllowed, check_url, for_transcript
 from orsplatform.evals.aap_versions import ors_blocks_to_aap, ors_tools_to_aap
 from orsplatform.evals.models import EvalRun
 from orsplatform.evals.services import EpisodeScore, RunPlan
-from orsplatform.gateway.errors import GatewayError, storable
-from orsplatform.runners.redact import redact, secret_values
+from orsplatform.sandbox.redact import redact, secret_values
 
 log = logging.getLogger("orsplatform.evals")
 T = TypeVar("T")
@@ -159,7 +159,7 @@ class Engine:
 
     def _start(self) -> None:
         if self.gateway is None:
-            from orsplatform.gateway.gateway import EpisodeGateway
+            from orsplatform.engine.gateway import EpisodeGateway
 
             self.gateway = EpisodeGateway()
             self.gateway.ensure_background()

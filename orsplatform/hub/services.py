@@ -12,7 +12,7 @@ from typing import Any
 from django.core.cache import cache
 
 from orsplatform.catalog.models import EnvironmentVersion
-from orsplatform.runners.inspection import Results, run_child
+from orsplatform.executors.inspection import Results, run_child
 
 PROMPT_TIMEOUT_SECONDS = 20.0
 MAX_PROMPT_BYTES = 2 * 1024 * 1024
@@ -30,7 +30,7 @@ def task_prompt_cached(*, version: EnvironmentVersion, spec: Any) -> dict | None
 def task_prompt_render(*, version: EnvironmentVersion, spec: Any) -> dict:
     """The task's prompt as a session would be served it, for tasks whose get_prompt() needs no
     setup(): {"ok": True, "blocks": [...]} or {"ok": False, "error": "..."}. Runs the environment's
-    code as the publishing inspector runs (runners/inspection.py: the workers' sandbox, its limits,
+    code as the publishing inspector runs (executors/inspection.py: the workers' sandbox, its limits,
     its process group killed at the end) and caches the answer by content hash and task, since a
     version never changes."""
     key = prompt_cache_key(version=version, spec=spec)

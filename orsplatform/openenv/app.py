@@ -23,12 +23,12 @@ from django.urls import re_path
 from pydantic import ValidationError
 
 from orsplatform.catalog.selectors import EnvHandle
-from orsplatform.gateway import hints
-from orsplatform.gateway.errors import UNAVAILABLE, GatewayError
-from orsplatform.gateway.gateway import EpisodeGateway
+from orsplatform.engine import hints
+from orsplatform.engine.errors import UNAVAILABLE, GatewayError
+from orsplatform.engine.gateway import EpisodeGateway
 from orsplatform.openenv import selectors
 from orsplatform.openenv.consumer import OpenEnvConsumer
-from orsplatform.openenv.episodes import NOT_RESET, STEP_TOOL, Episodes, OpenEnvSession, Uninterruptible
+from orsplatform.openenv.sessions import NOT_RESET, STEP_TOOL, Episodes, OpenEnvSession, Uninterruptible
 from orsplatform.openenv.sockets import OpenSockets, Revocable
 from orsplatform.openenv.wire import (
     CAPACITY_REACHED,

@@ -17,7 +17,7 @@ from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from orsplatform.openenv.episodes import OpenEnvSession, Uninterruptible
+from orsplatform.openenv.sessions import OpenEnvSession, Uninterruptible
 from orsplatform.openenv.wire import CLOSE_POLICY, SESSION_ERROR, OpenEnvError, dumps, error_frame
 
 log = logging.getLogger("orsplatform.openenv")

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from django.conf import settings
 
-from orsplatform.gateway.errors import UNAVAILABLE
+from orsplatform.engine.errors import UNAVAILABLE
 from orsplatform.openenv.wire import (
     CAPACITY_REACHED,
     CLOSE_FORBIDDEN,

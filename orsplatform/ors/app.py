@@ -1,9 +1,9 @@
 """The ORS surface as a lean ASGI application: routing, authentication and the ORS wire (status
-codes, SSE framing). Episodes themselves live in the gateway (``orsplatform/gateway/``).
+codes, SSE framing). Episodes themselves live in the gateway (``orsplatform/engine/``).
 
 Routing is a dictionary lookup on the last path segment; everything before it names the
 environment (``/{slug}/tools``, ``/{team}/{slug}@3/tools``). Handlers live in ``discovery.py``,
-``episodes.py`` and ``calls.py``; each takes the gateway, never this app.
+``lifecycle.py`` and ``calls.py``; each takes the gateway, never this app.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from django.conf import settings
 
-from orsplatform.gateway.errors import UNAVAILABLE, GatewayError, Unstorable
-from orsplatform.gateway.gateway import EpisodeGateway
-from orsplatform.ors import calls, discovery, episodes
+from orsplatform.engine.errors import UNAVAILABLE, GatewayError, Unstorable
+from orsplatform.engine.gateway import EpisodeGateway
+from orsplatform.ors import calls, discovery, lifecycle
 from orsplatform.ors.http import HttpError, Request, read_body, send_error, send_json
 from orsplatform.teams.auth import Access, AuthError, Caller, extract_token
 
@@ -36,13 +36,13 @@ ROUTES: dict[str, tuple[str, Handler, Access]] = {
     "num_tasks": ("POST", discovery.num_tasks, C),
     "task": ("POST", discovery.task, C),
     "task_range": ("POST", discovery.task_range, C),
-    "create_session": ("POST", episodes.create_session, S),
-    "create": ("POST", episodes.create, S),
-    "ping": ("POST", episodes.ping, S),
-    "delete": ("POST", episodes.delete, S),
-    "delete_session": ("POST", episodes.delete_session, S),
-    "prompt": ("GET", episodes.prompt, S),
-    "task_tools": ("GET", episodes.task_tools, S),
+    "create_session": ("POST", lifecycle.create_session, S),
+    "create": ("POST", lifecycle.create, S),
+    "ping": ("POST", lifecycle.ping, S),
+    "delete": ("POST", lifecycle.delete, S),
+    "delete_session": ("POST", lifecycle.delete_session, S),
+    "prompt": ("GET", lifecycle.prompt, S),
+    "task_tools": ("GET", lifecycle.task_tools, S),
     "call": ("POST", calls.call, S),
 }
 

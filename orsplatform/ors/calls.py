@@ -1,5 +1,5 @@
 """POST /{env}/call: a tool call, its result streamed over SSE (the call itself runs in the
-gateway, gateway/calls.py, and outlives a client that disconnects)."""
+gateway, engine/calls.py, and outlives a client that disconnects)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from django.conf import settings
 
-from orsplatform.gateway.gateway import EpisodeGateway
-from orsplatform.gateway.live import CallEntry
+from orsplatform.engine.gateway import EpisodeGateway
+from orsplatform.engine.live import CallEntry
 from orsplatform.ors.http import SSE_HEADERS, SSE_PING, HttpError, Request, sse_event
 from orsplatform.ors.resolve import admitted_session
 from orsplatform.ors.wire import optional_str, require_sid, require_str

@@ -10,8 +10,8 @@ from django.conf import settings
 
 from orsplatform import __version__
 from orsplatform.catalog.selectors import EnvHandle, SplitInfo
-from orsplatform.gateway import hints
-from orsplatform.gateway.gateway import EpisodeGateway
+from orsplatform.engine import hints
+from orsplatform.engine.gateway import EpisodeGateway
 from orsplatform.ors.http import HttpError, Request
 from orsplatform.ors.resolve import environment_for
 from orsplatform.ors.wire import optional_int, require_int, require_str

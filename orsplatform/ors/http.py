@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from orsplatform.gateway.errors import GatewayError
+from orsplatform.engine.errors import GatewayError
 
 # Every response of the ORS and OpenEnv faces is built from one of these two constant lists; nosniff
 # keeps a browser from reading a JSON or SSE body (which may echo tenant text) as HTML or script.

@@ -6,9 +6,9 @@ one only: any other it names (or the default it would fall back to) answers 403.
 from __future__ import annotations
 
 from orsplatform.catalog.selectors import EnvHandle
-from orsplatform.gateway.errors import GatewayError
-from orsplatform.gateway.gateway import ENV_REF_RE, EpisodeGateway
-from orsplatform.gateway.live import LiveSession
+from orsplatform.engine.errors import GatewayError
+from orsplatform.engine.gateway import ENV_REF_RE, EpisodeGateway
+from orsplatform.engine.live import LiveSession
 from orsplatform.ors.http import HttpError, Request
 from orsplatform.teams.auth import AccessDenied, Caller, admit_environment
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orsplatform.runners.executor import CallOutcome, SessionSpec, SetupFailed, SetupPending, UnknownSession
-from orsplatform.runners.inline import InlineExecutor
+from orsplatform.executors.executor import CallOutcome, SessionSpec, SetupFailed, SetupPending, UnknownSession
+from orsplatform.executors.inline import InlineExecutor
 
 
 @dataclass(frozen=True)

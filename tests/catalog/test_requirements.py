@@ -363,7 +363,7 @@ def test_a_build_whose_process_died_ends_as_failed(owner, acme):
 
 
 def test_no_socket_is_left_behind_by_the_registry_proxy(tmp_path):
-    from orsplatform.runners.sandbox.registry_proxy import RegistryProxy
+    from orsplatform.sandbox.registry_proxy import RegistryProxy
 
     lines: list[str] = []
     with RegistryProxy(tmp_path / "p.sock", {"pypi.org"}, lines.append):

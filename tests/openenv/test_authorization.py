@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 
 from orsplatform.catalog.models import Environment
 from orsplatform.catalog.services import environment_publish
-from orsplatform.openenv.episodes import SWEEP_STEP, Episodes
+from orsplatform.openenv.sessions import SWEEP_STEP, Episodes
 from orsplatform.teams.auth import identify
 from orsplatform.teams.services import api_key_create, api_key_revoke
 from tests.openenv.test_http import MATH, rpc

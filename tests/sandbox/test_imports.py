@@ -8,8 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from orsplatform.runners.sandbox import binding
-from orsplatform.runners.sandbox.inspect import CHILDREN
+from orsplatform.sandbox import binding
+from orsplatform.sandbox.inspect import CHILDREN
 
 PACKAGE_DIR = Path(binding.__file__).parent
 BOUND = {binding.LOADER, binding.REDACTION, *CHILDREN.values()}

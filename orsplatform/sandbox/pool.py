@@ -1,0 +1,877 @@
+"""The supervisor: a pool of sandbox workers per (environment version, calling team).
+
+A gateway (inline executor) or a runner node (celery executor) owns one pool. A worker hosts only
+sessions of one package opened by one team, so one author's code and one caller's secrets share a
+process; other pairs get other workers. Workers start on demand, more start when a pair has many
+sessions, and idle ones are retired. Each runs ``worker.py`` under bubblewrap (see `command`):
+own user/pid/mount/ipc/uts/network namespaces, a read-only view of the Python runtime, its
+site-packages and the package, a private tmpfs, an empty environment, rlimits (and a pids cgroup
+when running as root, where RLIMIT_NPROC does not apply).
+
+A worker that dies takes only its own sessions: their waiters get `WorkerGone` with a reason
+naming the environment, and the next session of that pair gets a fresh worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import contextlib
+import functools
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from orsplatform.sandbox import binding, seccomp
+from orsplatform.sandbox.cgroups import WorkerCgroup, descendants, kill_strays
+from orsplatform.sandbox.config import Limits, SandboxConfig
+from orsplatform.sandbox.framing import PARSE_OFF_LOOP_BYTES, REPLY_ID, ChannelLimits, ReplyTooLarge
+
+log = logging.getLogger("orsplatform.sandbox")
+HEADER = struct.Struct(">I")
+# The pipes' StreamReader limit: it stops reading a worker's pipe once twice this much waits unread,
+# so a worker writing faster than the supervisor reads is held back by its pipe, not buffered here
+# (frame sizes are framing.py's; a stderr line longer than this ends the draining of tenant prints).
+MAX_FRAME = 4 * 1024 * 1024
+WORKER_MODULE = f"{binding.PACKAGE}.worker"
+LAUNCH_SCRIPT = Path(__file__).with_name("launch.py")
+# Where things appear inside the sandbox: neutral paths, none of the host's.
+SANDBOX_WORKER = binding.module_path(WORKER_MODULE, binding.LIB)  # with the modules it shares (binding.py)
+SANDBOX_PACKAGE = "/ors/env"
+SANDBOX_PYTHON_HOME = "/ors/python"  # the base interpreter's prefix
+SANDBOX_VENV = "/ors/venv"  # site-packages: the platform's virtualenv or the package's own
+SANDBOX_PYTHON = f"{SANDBOX_VENV}/bin/python"
+JANITOR_SECONDS = 0.5
+# A pair whose worker was killed for a protocol fault waits this long before its next worker
+# starts, doubling with each fault within BACKOFF_RESET_SECONDS of the last, up to the maximum.
+BACKOFF_FIRST_SECONDS, BACKOFF_MAX_SECONDS, BACKOFF_RESET_SECONDS = 0.5, 30.0, 120.0
+RUNTIME_SUFFIX = ".pyenv"
+# The environment's data, read-only where OpenReward environments look for it (their documented
+# data mount), for every SDK alike: a data archive stored by content hash (its folder named in
+# ``<package>.data`` beside the stored package, catalog/data.py), else the package's own data/.
+SANDBOX_DATA = "/orwd_data"
+DATA_SUFFIX = ".data"
+LAZY_SECONDS = 0.05
+READ_CHUNK = 256 * 1024
+
+
+class _Stop(Exception):
+    """Ends the reader loop."""
+
+
+class WorkerGone(Exception):
+    """The worker holding the session ended; str(exc) says why, naming the environment."""
+
+
+class WorkerError(Exception):
+    """The worker answered a request with an error (`kind`: setup, unknown, error)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class CallTimedOut(Exception):
+    """No answer within the request's timeout; the worker is killed if none comes within the grace."""
+
+
+def runtime_of(package_dir: str) -> str | None:
+    """The Python environment built for a package's requirements (catalog/pyenvs.py records it in
+    ``<package>.pyenv`` beside the stored package), or None: the platform's own runtime."""
+    try:
+        runtime = Path(package_dir.rstrip("/") + RUNTIME_SUFFIX).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return runtime or None
+
+
+def data_of(package_dir: str) -> str | None:
+    """The folder mounted at /orwd_data for this package, or None."""
+    try:
+        data = Path(package_dir.rstrip("/") + DATA_SUFFIX).read_text(encoding="utf-8").strip()
+    except OSError:
+        data = ""
+    if data and os.path.isdir(data):
+        return data
+    own = os.path.join(package_dir, "data")
+    return own if os.path.isdir(own) and not os.path.islink(own) else None
+
+
+def data_binds(package_dir: str) -> list[str]:
+    data = data_of(package_dir)
+    return ["--ro-bind", data, SANDBOX_DATA] if data else []
+
+
+def python_of(config: SandboxConfig, runtime: str | None) -> str:
+    return f"{runtime}/bin/python" if runtime else config.python
+
+
+def _system_binds(runtime: str | None = None, *, python: bool = True) -> list[str]:
+    """Read-only views of the OS and (`python`) the Python runtime at its host paths (merged-/usr
+    symlinks kept as symlinks): the platform's virtualenv, or instead the package's own built
+    environment (`runtime`), whose interpreter is the same base Python."""
+    args: list[str] = []
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
+        p = Path(top)
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), top]
+        elif p.is_dir():
+            args += ["--ro-bind", top, top]
+    for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"):
+        if os.path.exists(etc):
+            args += ["--ro-bind", etc, etc]
+    if not python:
+        return args
+    # The interpreter's prefix and the virtualenv (site-packages), wherever they live; nothing
+    # else of their parents (a venv inside the project's tree does not expose the tree).
+    seen: set[str] = set()
+    prefixes = ((sys.base_prefix, runtime) if runtime else
+                (sys.base_prefix, sys.prefix, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]))
+    for prefix in prefixes:
+        real = os.path.realpath(prefix)
+        if real.startswith(("/usr/", "/bin/", "/lib/")) or real in seen or not os.path.isdir(real):
+            continue
+        if any(real.startswith(s + "/") for s in seen):
+            continue
+        seen.add(real)
+        args += ["--ro-bind", real, real]
+        if os.path.abspath(prefix) != real:
+            args += ["--symlink", real, os.path.abspath(prefix)]
+    return args
+
+
+def _network_binds() -> list[str]:
+    args: list[str] = []
+    for etc in ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates",
+                "/etc/gai.conf"):
+        if os.path.exists(etc):
+            args += ["--ro-bind", etc, etc]
+    return args
+
+
+def command(config: SandboxConfig, package_dir: str, limits: Limits, cgroup: WorkerCgroup | None = None) -> list[str]:
+    """The argv that starts one worker: the launcher (cgroup, rlimits, syscall filter, no inherited
+    descriptors), then bubblewrap, then the interpreter (the package's built environment's when
+    it has requirements)."""
+    runtime = runtime_of(package_dir)
+    python = python_of(config, runtime)
+    if not config.isolated:
+        return [*wrappers(limits), python, "-I", binding.module_path(WORKER_MODULE), package_dir, str(config.threads)]
+    worker = [python, "-I", SANDBOX_WORKER, SANDBOX_PACKAGE, str(config.threads)]
+    # A small package is copied into the sandbox's (read-only) root rather than bound: a bind
+    # mount names its source directory (the package store's <hash>) in /proc/self/mountinfo.
+    files = _package_files(package_dir)
+    if files is None:
+        package = ["--ro-bind", package_dir, SANDBOX_PACKAGE]
+        copies: list[list[str]] = []
+    else:
+        dirs = sorted({str(Path(rel).parent) for rel in files} - {"."})
+        package = ["--dir", SANDBOX_PACKAGE, *(a for d in dirs for a in ("--dir", f"{SANDBOX_PACKAGE}/{d}"))]
+        copies = [[os.path.join(package_dir, rel), f"{SANDBOX_PACKAGE}/{rel}"] for rel in files]
+    # Started in the package's folder, as `python server.py` is run from its repository: code that
+    # opens its data files by relative path finds them (read-only; /tmp is where it may write).
+    package += data_binds(package_dir)
+    binds = binding.module_binds(binding.WORKER_MODULES)
+    return sandboxed(config, limits, [*binds, *package], worker,
+                     runtime=runtime, chdir=SANDBOX_PACKAGE, cgroup=cgroup, copies=copies)
+
+
+COPY_MAX_FILES = 256
+COPY_MAX_BYTES = 16 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=256)
+def _package_files(package_dir: str) -> tuple[str, ...] | None:
+    """The package's files (relative paths) when it is small enough to copy into the sandbox
+    (a stored package never changes, so this is worked out once), else None."""
+    found: list[str] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(package_dir):
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                return None  # bound as it is: a link's target is the store's business
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            total += st.st_size
+            found.append(os.path.relpath(path, package_dir))
+            if len(found) > COPY_MAX_FILES or total > COPY_MAX_BYTES:
+                return None
+    return tuple(sorted(found))
+
+
+def wrappers(limits: Limits) -> list[str]:
+    """rlimits (prlimit) and death with the supervisor (setpriv), for workers run without a
+    sandbox (ORS_SANDBOX=none); sandboxed processes get both from the launcher."""
+    prlimit = shutil.which("prlimit")
+    wrapper = [prlimit, *(f"--{flag}={value}" for flag, value in _rlimit_values(limits)), "--"] if prlimit else []
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        # Killed with its supervisor, whatever way that goes: a gateway killed with SIGKILL
+        # leaves no orphaned workers.
+        wrapper = [setpriv, "--pdeathsig", "KILL", "--", *wrapper]
+    return wrapper
+
+
+def _rlimit_values(limits: Limits) -> list[tuple[str, int]]:
+    return [("as", limits.memory_bytes), ("cpu", limits.cpu_seconds), ("nproc", limits.processes),
+            ("nofile", limits.open_files), ("core", 0), ("fsize", limits.tmp_bytes)]
+
+
+RLIMITS = {"as": "RLIMIT_AS", "cpu": "RLIMIT_CPU", "nproc": "RLIMIT_NPROC", "nofile": "RLIMIT_NOFILE",
+           "core": "RLIMIT_CORE", "fsize": "RLIMIT_FSIZE"}
+
+
+def _neutral_runtime(runtime: str | None) -> tuple[list[str], list[list[str]]] | None:
+    """The interpreter and its site-packages at neutral paths (/ors/python, /ors/venv): binds and
+    the generated pyvenv.cfg; None when this interpreter is not laid out as a virtualenv over a
+    base Python (then the host layout is used)."""
+    base = os.path.realpath(sys.base_prefix)
+    venv = os.path.realpath(runtime or sys.prefix)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    interpreter = Path(base, "bin", version)
+    if venv == base or not interpreter.exists() or not Path(venv, "lib").is_dir():
+        return None
+    binds: list[str] = []
+    if not base.startswith(("/usr/", "/bin/", "/lib/")) and base != "/usr":
+        binds += ["--ro-bind", base, SANDBOX_PYTHON_HOME]
+        # A base Python built with a shared libpython (pyenv's) finds it through an absolute
+        # RUNPATH: a symlink at that path, rather than LD_LIBRARY_PATH in every process's
+        # environment. It names the interpreter's prefix, not the checkout or a package.
+        if any(Path(base, "lib").glob("libpython*.so*")):
+            binds += ["--symlink", f"{SANDBOX_PYTHON_HOME}/lib", f"{base}/lib"]
+        home = f"{SANDBOX_PYTHON_HOME}/bin"
+    else:
+        home = str(interpreter.parent)
+    binds += ["--ro-bind", f"{venv}/lib", f"{SANDBOX_VENV}/lib",
+              "--symlink", f"{home}/{version}", SANDBOX_PYTHON]
+    cfg = (f"home = {home}\ninclude-system-site-packages = false\n"
+           f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
+    return binds, [[f"{SANDBOX_VENV}/pyvenv.cfg", cfg]]
+
+
+def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: list[str],
+              env: dict[str, str] | None = None, runtime: str | None = None, chdir: str = "/tmp", *,
+              locks: bool = False, cgroup: WorkerCgroup | None = None,
+              copies: list[list[str]] | None = None) -> list[str]:
+    """argv run inside bubblewrap: own namespaces, read-only OS, Python and `binds`, a private /tmp
+    and /dev/shm, an empty environment (but `env`), no network unless `limits` allow it, the
+    syscall filter (seccomp.py; `locks` leaves file locks to the build sandbox's uv), `cgroup`
+    joined before anything starts, and no descriptor of the caller but 0-2 (launch.py).
+    `copies` ([host file, sandbox path]) are copied into the sandbox's read-only root.
+
+    When argv runs the runtime's interpreter (`python_of`), the interpreter and its site-packages
+    appear at neutral paths (/ors/python, /ors/venv) and argv[0] is rewritten to match: nothing in
+    the sandbox names the host's checkout or package store."""
+    files: list[list[str]] = []
+    neutral = bool(argv) and argv[0] == python_of(config, runtime) and (
+        runtime is not None or os.path.realpath(config.python) == os.path.realpath(sys.executable))
+    runtime_binds = _neutral_runtime(runtime) if neutral else None
+    if runtime_binds is not None:
+        system = [*_system_binds(None, python=False), *runtime_binds[0]]
+        files += runtime_binds[1]
+        argv = [SANDBOX_PYTHON, *argv[1:]]
+    else:
+        system = _system_binds(runtime)
+    args = [
+        config.bwrap, "--unshare-all", *(["--unshare-user", "--disable-userns"] if _disable_userns(config.bwrap) else []),
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--hostname", "sandbox", "--clearenv",
+        "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+        "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp",
+        # Few malloc arenas: the address-space limit would otherwise go to empty per-thread arenas.
+        "--setenv", "MALLOC_ARENA_MAX", "2",
+        # The private /tmp first: the binds that follow may live under the host's /tmp (a checkout
+        # or a virtualenv there), and a tmpfs mounted after them would hide them.
+        "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+        *system,
+        "--proc", "/proc",
+        # Host-wide lock table (inode numbers and pids of every process's locks): not the tenant's.
+        "--ro-bind", "/dev/null", "/proc/locks",
+        # /dev read-only (bubblewrap's tmpfs is unsized) but for a sized /dev/shm.
+        "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+        *binds,
+        "--chdir", chdir,
+    ]
+    for name, value in (env or {}).items():
+        args += ["--setenv", name, value]
+    if limits.network:
+        args.insert(2, "--share-net")  # after --unshare-all, which it undoes for the network
+        args += _network_binds()
+    # The sandbox's root (a tmpfs holding the mount points) read-only too: /tmp and /dev/shm are
+    # the writable places.
+    args += ["--remount-ro", "/"]
+    spec = {
+        "parent": os.getpid(),
+        "cgroups": cgroup.procs_files if cgroup is not None else [],
+        "rlimits": [(RLIMITS[flag], value) for flag, value in _rlimit_values(limits)],
+        "seccomp": base64.b64encode(seccomp.program(locks=locks)).decode(),
+        "files": files,
+        "copies": copies or [],
+        "bwrap": [shutil.which(config.bwrap) or config.bwrap, *args[1:]],
+        "argv": argv,
+    }
+    return [sys.executable, "-I", "-S", str(LAUNCH_SCRIPT), json.dumps(spec)]
+
+
+@functools.cache
+def _disable_userns(bwrap: str) -> bool:
+    """Can this bubblewrap use --disable-userns here (0.8+, and a user namespace it may make)? The
+    syscall filter refuses new user namespaces either way; this also caps them in the kernel."""
+    try:
+        done = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/",
+                               "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+class Worker:
+    def __init__(self, key: tuple, label: str, config: SandboxConfig) -> None:
+        self.key = key
+        self.label = label
+        self.config = config
+        self.proc: asyncio.subprocess.Process | None = None
+        self.sessions: set[str] = set()
+        self.idle_since: float | None = time.monotonic()
+        self.dead: str | None = None  # why it ended, once it has
+        self.kill_reason: str | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._overdue: dict[int, float] = {}  # request id -> when the worker is killed for it
+        self._ready: asyncio.Future | None = None
+        self._reader: asyncio.Task | None = None
+        self._stderr: collections.deque[str] = collections.deque(maxlen=20)
+        self._cgroup: WorkerCgroup | None = None
+        self._limits: Limits | None = None
+        # Frames not yet written: every frame of one event-loop pass goes out in one write (one
+        # wake-up of the worker instead of one per frame); lazy ones (teardowns) wait for the
+        # next urgent frame or LAZY_SECONDS.
+        self._out: list[bytes] = []
+        self._flush_soon: asyncio.Handle | None = None
+        self._flush_later: asyncio.TimerHandle | None = None
+        # Told (sessions, reason) when the worker ends with sessions in it (runner nodes record it).
+        self.on_death: Callable[[list[str], str], None] | None = None
+        self.on_fault: Callable[[], None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None
+
+    async def spawn(self, package_dir: str, limits: Limits) -> None:
+        self._limits = limits
+        if self.config.isolated:
+            self._cgroup = WorkerCgroup.create(memory_bytes=limits.memory_bytes, processes=limits.processes,
+                                               cpu_weight=self.config.cpu_weight,
+                                               total_cpu_weight=self.config.total_cpu_weight)
+        # A fixed PATH: the host's (a virtualenv's bin, a checkout) would show in the sandbox
+        # init's /proc/1/environ.
+        path = "/usr/local/bin:/usr/bin:/bin" if self.config.isolated else os.environ.get("PATH", "/usr/bin:/bin")
+        try:
+            argv = command(self.config, package_dir, limits, cgroup=self._cgroup)
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, limit=MAX_FRAME, env={"PATH": path},
+                start_new_session=True, close_fds=True)
+        except BaseException:
+            if self._cgroup is not None:  # nothing started in it: gone with the failed start
+                self._cgroup.remove()
+                self._cgroup = None
+            raise
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._reader = asyncio.create_task(self._read())
+        asyncio.create_task(self._drain_stderr())
+        try:
+            async with asyncio.timeout(self.config.start_seconds):
+                await asyncio.shield(self._ready)
+        except (TimeoutError, WorkerGone) as exc:
+            self.kill("it did not start in time" if isinstance(exc, TimeoutError) else None)
+            detail = "; ".join(self._stderr)[-2000:]
+            raise WorkerGone(f"The sandbox for environment {self.label} could not start"
+                             f"{': ' + detail if detail else ''}.") from None
+
+    async def _drain_stderr(self) -> None:
+        # Tenant code's prints land here. Kept (the last lines, for a worker that fails to start)
+        # but never logged: environment code may print its session's secrets.
+        assert self.proc is not None and self.proc.stderr is not None
+        with contextlib.suppress(Exception):
+            while line := await self.proc.stderr.readline():
+                text = line.decode(errors="replace").rstrip()[:500]
+                self._stderr.append(text)
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        stdout = self.proc.stdout
+        # The channel is bounded (framing.py): whatever tenant code writes on it, the supervisor
+        # holds at most one answer of ORS_MAX_TOOL_OUTPUT_BYTES, for at most the frame deadline.
+        frames = _Frames(self, ChannelLimits.current())
+        try:
+            # Whatever the pipe holds, then every whole frame in it: a batch of replies costs one
+            # read, not two awaits per frame.
+            while chunk := await stdout.read(READ_CHUNK):
+                await frames.feed(chunk)
+        except (_Stop, ConnectionError):
+            pass
+        except Exception as exc:  # garbage on the pipe: the worker (tenant code) broke the protocol
+            self.kill(f"it broke the supervisor protocol ({type(exc).__name__})", fault=True)
+        finally:
+            frames.close()
+        try:
+            returncode = await asyncio.wait_for(self.proc.wait(), 2.0)
+        except TimeoutError:  # it closed its end of the pipe but lives on: nothing can reach it
+            self.kill("it closed its channel to the platform")
+            returncode = await self.proc.wait()
+        self._died(returncode)
+
+    def _answer(self, message: Any) -> None:
+        request_id = message.get("id") if isinstance(message, dict) else None
+        if not isinstance(request_id, int) or isinstance(request_id, bool):
+            self.kill("it sent a message that is not a reply", fault=True)
+            raise _Stop
+        if request_id == 0 and self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+            return
+        future = self._take(request_id)
+        if not future.done():
+            future.set_result(message)
+
+    def _refuse(self, request_id: int, exc: Exception) -> None:
+        """End a pending request with `exc` (its answer was too large to be taken)."""
+        future = self._take(request_id)
+        if not future.done():
+            future.set_exception(exc)
+
+    def _take(self, request_id: int) -> asyncio.Future:
+        """The pending request a reply answers. Every reply answers a request the supervisor sent
+        (a cancelled one's id stays pending until its late reply): anything else is a flood, or an
+        attempt to answer for another, and kills the worker."""
+        future = self._pending.pop(request_id, None)
+        if future is None:
+            self.kill("it sent a message that answers no request", fault=True)
+            raise _Stop
+        self._overdue.pop(request_id, None)
+        return future
+
+    def _write(self, frame: bytes, lazy: bool) -> None:
+        self._out.append(frame)
+        if self._flush_soon is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if not lazy:
+            self._flush_soon = loop.call_soon(self._flush)
+        elif self._flush_later is None:
+            self._flush_later = loop.call_later(LAZY_SECONDS, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = None
+        if self._flush_later is not None:
+            self._flush_later.cancel()
+            self._flush_later = None
+        if not self._out:
+            return
+        data, self._out = b"".join(self._out), []
+        try:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(data)
+        except (ConnectionError, RuntimeError, AssertionError):
+            # The pipe is gone: the worker ended (its reader reports how, and fails every pending
+            # request) or closed its end, which leaves nothing to talk to.
+            self.kill()
+
+    def _died(self, returncode: int | None) -> None:
+        if not self.kill_reason and self.out_of_memory():
+            self.kill_reason = self.memory_reason()
+        if self.kill_reason:
+            how = f"it was stopped because {self.kill_reason}"
+        elif returncode is not None and returncode < 0:
+            how = f"its process was killed by {signal.Signals(-returncode).name}"
+        elif returncode is not None and returncode > 128 and returncode - 128 in signal.Signals._value2member_map_:
+            # bubblewrap reports the worker's death by a signal as 128 + the signal's number.
+            how = f"its process was killed by {signal.Signals(returncode - 128).name}"
+        else:
+            how = f"its process exited with status {returncode}"
+        self.dead = f"The environment {self.label} stopped: {how}."
+        if self.sessions and self.on_death is not None and self.kill_reason != "the platform shut down":
+            try:
+                self.on_death(sorted(self.sessions), self.dead)
+            except Exception:
+                log.exception("could not report the end of a worker of %s", self.label)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(WorkerGone(self.dead))
+        self._pending.clear()
+        self._overdue.clear()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(WorkerGone(self.dead))
+            self._ready.exception()  # retrieved: spawn() reports it
+        if self._cgroup is not None:
+            self._cgroup.kill()  # nothing of the sandbox outlives it (its init's death ends the rest too)
+        if self._cgroup is not None and not self._cgroup.remove():
+            # Its processes are still leaving it (the sandbox dies a moment after bubblewrap).
+            asyncio.get_running_loop().create_task(_remove_later(self._cgroup))
+        self._cgroup = None
+
+    def kill(self, reason: str | None = None, fault: bool = False) -> None:
+        """`fault`: killed for breaking the channel's protocol (a flood, an unfinished or oversized
+        frame): its pair's next worker starts only after a back-off (SandboxPool.backoff)."""
+        if reason and not self.kill_reason:
+            self.kill_reason = reason
+        if fault and self.on_fault is not None and self.proc is not None and self.proc.returncode is None:
+            on_fault, self.on_fault = self.on_fault, None
+            on_fault()
+        if self.proc is not None and self.proc.returncode is None:
+            # The whole process group: prlimit/bwrap and, through bwrap's pid namespace, every
+            # process the tenant started (setsid children included) ends with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        if self._cgroup is not None:
+            self._cgroup.kill()
+
+    def end_strays(self) -> None:
+        """Kill, from outside the sandbox, every process but its init and the worker: what ended
+        sessions left behind. The worker does the same from inside (worker.end_strays), but tenant
+        code can replace that; this it cannot."""
+        if self.proc is None or self.proc.returncode is not None or not self.config.isolated:
+            return
+        try:
+            kill_strays(self._cgroup.pids() if self._cgroup is not None else descendants(self.proc.pid))
+        except OSError:
+            log.debug("could not look for stray processes of a worker of %s", self.label)
+
+    def out_of_memory(self) -> bool:
+        """Did the kernel kill a process of this worker for its cgroup's memory limit?"""
+        return self._cgroup is not None and self._cgroup.oom_kills() > 0
+
+    def memory_reason(self) -> str:
+        mib = (self._limits.memory_bytes >> 20) if self._limits is not None else 0
+        return f"its processes together used more than its memory limit of {mib} MiB"
+
+    async def request(self, op: str, timeout: float | None = None, lazy: bool = False, **fields: Any) -> Any:
+        """Send op and await its reply. A lazy request (one nobody waits for, such as a teardown)
+        may wait up to LAZY_SECONDS to share its write with the next one."""
+        if self.dead is not None:
+            raise WorkerGone(self.dead)
+        assert self.proc is not None and self.proc.stdin is not None
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        body = orjson.dumps({"id": request_id, "op": op, **fields})
+        if self.proc.stdin.is_closing():
+            self._pending.pop(request_id, None)
+            raise WorkerGone(self.dead or f"The environment {self.label} stopped.")
+        self._write(HEADER.pack(len(body)) + body, lazy)
+        try:
+            if timeout is None:
+                reply = await future
+            else:
+                async with asyncio.timeout(timeout):
+                    reply = await asyncio.shield(future)
+        except TimeoutError:
+            # The answer may still come (the tool finishes late); if it does not within the grace
+            # period, the worker is killed (janitor), so a stuck thread cannot hold a node forever.
+            self._overdue[request_id] = time.monotonic() + self.config.grace_seconds
+            future.add_done_callback(_consume)
+            raise CallTimedOut() from None
+        except asyncio.CancelledError:
+            # The id stays pending (its future done) until the reply comes: a late reply is then
+            # dropped, not taken for a message that answers no request.
+            future.add_done_callback(_consume)
+            raise
+        if reply.get("ok"):
+            return reply.get("value")
+        raise WorkerError(reply.get("kind", "error"), reply.get("error", ""))
+
+    def recent_stderr(self) -> list[str]:
+        """The last lines the worker wrote to stderr (tenant prints, tracebacks)."""
+        return list(self._stderr)
+
+    def overdue(self, now: float) -> bool:
+        return any(deadline <= now for deadline in self._overdue.values())
+
+
+async def _remove_later(cgroup: WorkerCgroup, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cgroup.remove() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # polling: the kernel gives no event for an emptied cgroup v1
+
+
+def _consume(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+_PARSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ors-frames")
+
+
+class _Frames:
+    """A worker's channel as the supervisor reads it: whole frames are decoded (large ones on a
+    thread) and answered; a frame over the output limit is never held whole (its beginning is
+    kept for the audit log, the rest discarded as it arrives); a frame begun and not finished
+    within the deadline kills the worker."""
+
+    def __init__(self, worker: Worker, limits: ChannelLimits) -> None:
+        self.worker = worker
+        self.limits = limits
+        self.buffer = bytearray()
+        self.skipping = 0  # bytes of an over-limit frame still to discard
+        self.skip_size = 0
+        self.skip_id: int | None = None  # its request, once read from its beginning
+        self.head = bytearray()
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def feed(self, chunk: bytes) -> None:
+        completed = False
+        if self.skipping:
+            chunk = self._discard(chunk)
+            if self.skipping:
+                return
+            completed = True
+        buffer = self.buffer
+        buffer += chunk
+        offset, end = 0, len(buffer)
+        limits = self.limits
+        while end - offset >= HEADER.size:
+            (size,) = HEADER.unpack_from(buffer, offset)
+            if size > limits.max_frame:
+                self.worker.kill("it sent a message larger than the protocol allows", fault=True)
+                raise _Stop
+            start = offset + HEADER.size
+            if size > limits.max_output:
+                self.skipping, self.skip_size, self.skip_id, self.head = size, size, None, bytearray()
+                rest = self._discard(bytes(memoryview(buffer)[start:]))
+                del buffer[:]
+                if self.skipping:
+                    self._arm(restart=True)
+                    return
+                buffer += rest
+                offset, end, completed = 0, len(buffer), True
+                continue
+            if end - start < size:
+                break
+            if size > PARSE_OFF_LOOP_BYTES:
+                body = bytes(memoryview(buffer)[start:start + size])
+                message = await asyncio.get_running_loop().run_in_executor(_PARSER, orjson.loads, body)
+            else:
+                message = orjson.loads(memoryview(buffer)[start:start + size])
+            self.worker._answer(message)
+            offset = start + size
+            completed = True
+        del buffer[:offset]
+        if buffer:
+            self._arm(restart=completed)
+        else:
+            self._disarm()
+
+    def _discard(self, chunk: bytes) -> bytes:
+        """Take the over-limit frame's bytes from `chunk`; what follows it is returned."""
+        take = min(len(chunk), self.skipping)
+        want = max(self.limits.truncated, 64)  # at least enough to read the reply's id
+        if len(self.head) < want:
+            self.head += chunk[:min(take, want - len(self.head))]
+        self.skipping -= take
+        if self.skip_id is None and (len(self.head) >= want or not self.skipping):
+            match = REPLY_ID.match(self.head)
+            if match is None:
+                self.worker.kill("it sent a message that is not a reply", fault=True)
+                raise _Stop
+            self.skip_id = int(match.group(1))
+            # Answered now (the caller need not wait for the rest to be discarded); an id that
+            # answers no request kills the worker before the rest is read.
+            head = bytes(self.head[:self.limits.truncated]).decode("utf-8", "replace")
+            self.worker._refuse(self.skip_id, ReplyTooLarge(self.skip_size, self.limits.max_output, head))
+            self.head = bytearray()
+        return chunk[take:]
+
+    def _arm(self, restart: bool) -> None:
+        if self.timer is not None and not restart:
+            return  # the same partial frame: its deadline stands
+        self._disarm()
+        self.timer = asyncio.get_running_loop().call_later(self.limits.deadline, self._overdue)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _overdue(self) -> None:
+        self.timer = None
+        self.worker.kill(f"a message from it did not arrive whole within {self.limits.deadline:g} s", fault=True)
+
+    def close(self) -> None:
+        self._disarm()
+
+
+class SandboxPool:
+    def __init__(self, config: SandboxConfig,
+                 on_lost: Callable[[list[str], str], None] | None = None) -> None:
+        self.config = config
+        self.on_lost = on_lost
+        self._workers: dict[tuple, list[Worker]] = {}
+        self._locks: dict[tuple, asyncio.Lock] = {}
+        self._spawning: dict[tuple, asyncio.Task] = {}  # a pair's next worker, while it starts
+        self._janitor: asyncio.Task | None = None
+        self._limits: dict[str, Limits] = {}
+        # (package, team) -> (when its last worker was killed for a protocol fault, the back-off
+        # its next start waits): a tenant that makes its workers flood or break the channel cannot
+        # make the supervisor start one worker after another (each start costs the host CPU that
+        # every team's calls need; bench/tenant_noise.py's `flood`).
+        self._backoff: dict[tuple, tuple[float, float]] = {}
+
+    def _faulted(self, key: tuple) -> None:
+        now = time.monotonic()
+        last = self._backoff.get(key)
+        recent = last is not None and now - last[0] < BACKOFF_RESET_SECONDS
+        delay = min(BACKOFF_MAX_SECONDS, last[1] * 2) if recent else BACKOFF_FIRST_SECONDS
+        self._backoff[key] = (now, delay)
+
+    def backoff(self, key: tuple) -> float:
+        """Seconds the pair's next worker start still waits (0: none)."""
+        last = self._backoff.get(key)
+        if last is None:
+            return 0.0
+        now = time.monotonic()
+        if now - last[0] >= BACKOFF_RESET_SECONDS:
+            del self._backoff[key]
+            return 0.0
+        return max(0.0, last[0] + last[1] - now)
+
+    def limits(self, package_dir: str) -> Limits:
+        limits = self._limits.get(package_dir)
+        if limits is None:
+            limits = self._limits[package_dir] = self.config.limits_for(package_dir)
+        return limits
+
+    def workers(self) -> list[Worker]:
+        return [w for ws in self._workers.values() for w in ws]
+
+    async def acquire(self, *, sid: str, package_dir: str, team: Any, label: str) -> Worker:
+        """A live worker of (package, team) with room for the session (started if needed)."""
+        if self._janitor is None or self._janitor.done():
+            self._janitor = asyncio.create_task(self._janitor_loop())
+        key = (package_dir, team)
+        limits = self.limits(package_dir)  # PermissionError: the manifest asks for what is refused
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            workers = [w for w in self._workers.get(key, []) if w.alive]
+            cap = self.config.sessions_per_worker
+            roomy = [w for w in workers if len(w.sessions) < cap]
+            spawning = self._spawning.get(key)
+            if roomy:
+                worker = min(roomy, key=lambda w: len(w.sessions))
+            elif spawning is None and len(workers) < self.config.max_workers_per_key:
+                # Over the cap: the next worker starts in the background while sessions overflow
+                # onto the running ones by up to a quarter of the cap (a start takes a second or
+                # two, which every new session of the pair would otherwise wait for); only a pair
+                # with no worker, or past the overflow, waits for the start.
+                spawning = self._spawning[key] = asyncio.create_task(
+                    self._start_worker(key, package_dir, limits, label, len(workers) + 1))
+                spawning.add_done_callback(_consume)  # a failed start is reported to whoever awaits it
+                overflow = [w for w in workers if len(w.sessions) < cap + cap // 4]
+                worker = min(overflow, key=lambda w: len(w.sessions)) if overflow else await asyncio.shield(spawning)
+            elif spawning is not None:
+                overflow = [w for w in workers if len(w.sessions) < cap + cap // 4]
+                worker = min(overflow, key=lambda w: len(w.sessions)) if overflow else await asyncio.shield(spawning)
+            else:  # at the cap: share the least loaded one
+                worker = min(workers, key=lambda w: len(w.sessions))
+            worker.sessions.add(sid)
+            worker.idle_since = None
+            return worker
+
+    async def _start_worker(self, key: tuple, package_dir: str, limits: Limits, label: str, nth: int) -> Worker:
+        try:
+            wait = self.backoff(key)
+            if wait:
+                log.warning("sandbox worker for %s starts in %.1f s: its last one was killed for breaking the "
+                            "channel's protocol", label, wait)
+                await asyncio.sleep(wait)
+            worker = Worker(key, label, self.config)
+            worker.on_death = self.on_lost
+            worker.on_fault = functools.partial(self._faulted, key)
+            await worker.spawn(package_dir, limits)
+            # Looked up again: the janitor drops a pair's empty list while a worker starts.
+            self._workers.setdefault(key, []).append(worker)
+            log.info("sandbox worker %s started for %s (%d of this pair)",
+                     worker.proc.pid if worker.proc else "?", label, nth)
+            return worker
+        finally:
+            self._spawning.pop(key, None)
+
+    def release(self, worker: Worker, sid: str) -> None:
+        worker.sessions.discard(sid)
+        if not worker.sessions:
+            worker.idle_since = time.monotonic()
+            worker.end_strays()
+
+    async def _janitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(JANITOR_SECONDS)
+            try:
+                self.sweep(time.monotonic())
+            except Exception:
+                log.exception("sandbox janitor failed")
+
+    def sweep(self, now: float) -> None:
+        for key, workers in list(self._workers.items()):
+            for worker in workers:
+                if not worker.alive:
+                    continue
+                if worker.overdue(now):
+                    worker.kill(f"a tool call outlived its timeout by the {self.config.grace_seconds:g} s grace period")
+                elif worker.out_of_memory():
+                    # v1 has no memory.oom.group: one process was killed, the worker goes whole.
+                    worker.kill(worker.memory_reason())
+                elif worker.idle_since is not None and now - worker.idle_since > self.config.idle_seconds:
+                    worker.kill("it was idle")
+            workers[:] = [w for w in workers if w.alive or w.proc is None or w.proc.returncode is None]
+            lock = self._locks.get(key)
+            if not workers and not (lock is not None and lock.locked()):
+                self._workers.pop(key, None)
+                self._locks.pop(key, None)
+
+    async def close(self) -> None:
+        if self._janitor is not None:
+            self._janitor.cancel()
+        if self._spawning:  # registered once started, so closed with the others below
+            await asyncio.wait(list(self._spawning.values()), timeout=self.config.start_seconds)
+        for worker in self.workers():
+            if worker.proc is not None and worker.proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    worker._flush()  # teardowns still waiting for company
+                    worker.proc.stdin.close()  # the worker ends when its pipe closes
+        deadline = time.monotonic() + 2.0
+        for worker in self.workers():
+            if worker.proc is None:
+                continue
+            with contextlib.suppress(TimeoutError, ProcessLookupError):
+                await asyncio.wait_for(worker.proc.wait(), max(0.05, deadline - time.monotonic()))
+            worker.kill("the platform shut down")
+        for worker in self.workers():  # their cgroups go once their processes have
+            if worker._reader is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(worker._reader), 5)
+        pending = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_remove_later"]
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        self._workers.clear()

@@ -1,0 +1,102 @@
+"""The gateway's PostgreSQL writer (orsplatform/engine/pg_writer.py): a batch of hot writes commits
+together in one pipelined transaction, and a row the database refuses fails alone.
+
+It runs against a PostgreSQL server whatever the suite's database is (tests/fixtures/server_database.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import pytest
+from django.db import IntegrityError
+
+from orsplatform.catalog.models import EnvironmentVersion
+from orsplatform.engine.errors import Unstorable
+from orsplatform.engine.pg_writer import PgWriter
+from orsplatform.episodes import hot_writes
+from orsplatform.episodes.models import Session, ToolCall
+from orsplatform.teams.models import ApiKey
+
+
+def run(writer: PgWriter, ops: list) -> list:
+    async def go():
+        try:
+            return await writer.run(ops)
+        finally:
+            await writer.close()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def new_session(live_db, server_database, owner):
+    """Keyword arguments of ``hot_writes.SESSION_CREATE`` for a fresh episode of the owner's team."""
+    version = EnvironmentVersion.objects.using(server_database.alias).select_related("environment").first()
+    key = ApiKey.objects.using(server_database.alias).get(team_id=owner.team.pk)
+    caller = SimpleNamespace(team_id=owner.team.pk, api_key_id=key.pk)
+    env = SimpleNamespace(environment_id=version.environment_id, version_id=version.pk)
+
+    def make() -> dict:
+        return {"sid": uuid.uuid4().hex, "caller": caller, "env": env, "task_spec": {"q": "1+1"},
+                "split": "train", "index": 0, "runner": ""}
+
+    return make
+
+
+def call_row(session_pk: int, name: str = "submit") -> dict:
+    now = datetime.now(UTC)
+    output = "2"
+    return {"session_pk": session_pk, "task_id": uuid.uuid4().hex, "name": name, "input": {"answer": output},
+            "result": {"ok": True, "output": {"blocks": [{"type": "text", "text": output}], "reward": 1.0,
+                                              "finished": True}},
+            "exception": "", "started_at": now, "finished_at": now}
+
+
+def test_a_mixed_batch_of_hot_writes_commits_in_one_transaction(server_database, new_session):
+    alias = server_database.alias
+    existing = run(PgWriter(alias), [(hot_writes.SESSION_CREATE, new_session())])[0][1]
+
+    results = run(PgWriter(alias), [
+        (hot_writes.SESSION_CREATE, new_session()),
+        (hot_writes.TOOL_CALL_RECORD, call_row(existing)),
+        (hot_writes.SESSION_RECORD_PROMPT, {"pk": existing, "blocks": [{"type": "text", "text": "1+1?"}]}),
+        (hot_writes.SESSION_CREATE, new_session()),
+        (hot_writes.SESSION_END, {"pk": existing, "status": Session.Status.DELETED, "totals": None,
+                                "last_activity_at": None, "ready_at": None}),
+    ])
+
+    assert [ok for ok, _ in results] == [True] * 5
+    created = [results[0][1], results[3][1]]
+    assert Session.objects.using(alias).filter(pk__in=created, status=Session.Status.CREATING).count() == 2
+    ended = Session.objects.using(alias).get(pk=existing)
+    assert ended.status == Session.Status.DELETED
+    assert ended.prompt == [{"type": "text", "text": "1+1?"}]
+    # Totals summed from the audit log by the same statement, after the call's row went in.
+    assert (ended.calls, ended.total_reward, ended.finished) == (1, 1.0, True)
+
+
+def test_a_row_the_database_refuses_fails_alone_and_the_rest_of_its_batch_is_written(
+        server_database, new_session):
+    alias = server_database.alias
+    pk = run(PgWriter(alias), [(hot_writes.SESSION_CREATE, new_session())])[0][1]
+    duplicate = new_session()
+    run(PgWriter(alias), [(hot_writes.SESSION_CREATE, duplicate)])
+
+    good, nul, again = call_row(pk), call_row(pk, name="sub\x00mit"), new_session()
+    results = run(PgWriter(alias), [
+        (hot_writes.TOOL_CALL_RECORD, good),
+        (hot_writes.TOOL_CALL_RECORD, nul),  # PostgreSQL's text refuses NUL
+        (hot_writes.SESSION_CREATE, duplicate),  # the same sid again: a unique violation
+        (hot_writes.SESSION_CREATE, again),
+    ])
+
+    assert results[0] == (True, None)
+    assert not results[1][0] and isinstance(results[1][1], Unstorable)
+    assert not results[2][0] and isinstance(results[2][1], IntegrityError)
+    assert results[3][0] and Session.objects.using(alias).filter(pk=results[3][1], sid=again["sid"]).exists()
+    assert list(ToolCall.objects.using(alias).filter(session_id=pk).values_list("task_id", flat=True)) == [
+        good["task_id"]]

@@ -1,0 +1,84 @@
+"""The beat's lost-runner check (orsplatform/executors/tasks.py), called directly against real
+Redis and the test database: a runner is lost when another start of its node beats under its
+name, or when its heartbeat stays missing past ORS_RUNNER_GRACE_SECONDS; a heartbeat missing for
+less (a restarted Redis loses every heartbeat at once) loses nothing."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from types import SimpleNamespace
+
+import pytest
+import redis
+
+from orsplatform.catalog.models import EnvironmentVersion
+from orsplatform.episodes import services
+from orsplatform.episodes.models import Session
+from orsplatform.executors.keys import Keys, runner_identity
+from orsplatform.executors.tasks import fail_lost_runners
+from orsplatform.teams.models import ApiKey
+from tests.fixtures.celery import REDIS_URL, wait_until
+
+
+@pytest.fixture
+def beat(settings):
+    settings.REDIS_URL = REDIS_URL
+    settings.ORS_REDIS_PREFIX = f"ors-test-{uuid.uuid4().hex[:8]}"
+    settings.ORS_RUNNER_GRACE_SECONDS = 1.0
+    return SimpleNamespace(keys=Keys(settings.ORS_REDIS_PREFIX), redis=redis.Redis.from_url(REDIS_URL))
+
+
+@pytest.fixture
+def open_session_on(live_db, owner):
+    version = EnvironmentVersion.objects.first()
+    caller = SimpleNamespace(team_id=owner.team.pk, api_key_id=ApiKey.objects.get(team_id=owner.team.pk).pk)
+    env = SimpleNamespace(environment_id=version.environment_id, version_id=version.pk)
+
+    def make(runner: str) -> str:
+        sid = uuid.uuid4().hex
+        services.sessions_create(rows=[{"sid": sid, "caller": caller, "env": env, "task_spec": {}, "runner": runner}])
+        return sid
+
+    return make
+
+
+def beats(beat, hostname: str, boot: str) -> None:
+    beat.redis.set(beat.keys.runner(hostname), json.dumps({"boot": boot, "sessions": 1}), ex=60)
+
+
+def status(sid: str) -> str:
+    return Session.objects.get(sid=sid).status
+
+
+def test_a_heartbeat_missing_for_less_than_the_grace_period_loses_no_session(beat, open_session_on):
+    sid = open_session_on(runner_identity("node@a", "b1"))
+    assert fail_lost_runners() == 0  # missing: the grace period starts now
+    beats(beat, "node@a", "b1")  # the node writes its heartbeat again (Redis came back)
+    assert fail_lost_runners() == 0
+    beat.redis.delete(beat.keys.runner("node@a"))
+    assert fail_lost_runners() == 0  # missing again: a new grace period, not the old one
+    assert status(sid) == "creating"
+
+
+def test_a_heartbeat_missing_past_the_grace_period_loses_the_runners_sessions(beat, open_session_on):
+    sid = open_session_on(runner_identity("node@b", "b1"))
+    other = open_session_on(runner_identity("node@c", "b1"))
+    beats(beat, "node@c", "b1")
+    assert fail_lost_runners() == 0
+    wait_until(lambda: fail_lost_runners() == 1, 10, "runner lost after the grace period")
+    assert (status(sid), status(other)) == ("lost", "creating")
+    assert json.loads(beat.redis.get(beat.keys.state(sid))) == {"state": "gone"}
+
+
+def test_another_start_of_the_node_under_its_name_loses_the_old_starts_sessions_at_once(
+        beat, open_session_on, owner):
+    old = open_session_on(runner_identity("node@d", "first"))
+    new = open_session_on(runner_identity("node@d", "second"))
+    slots = beat.keys.slots(owner.team.pk)
+    beat.redis.zadd(slots, {old: 1, new: 1})  # both hold one of the team's open-session slots
+    beats(beat, "node@d", "second")
+    assert fail_lost_runners() == 1
+    assert (status(old), status(new)) == ("lost", "creating")
+    # The lost session's slot is free at once, not when a gateway's lease on it lapses.
+    assert [m.decode() for m in beat.redis.zrange(slots, 0, -1)] == [new]
