@@ -281,7 +281,7 @@ ORS_PG_ASYNC_WRITES = env["ORS_PG_ASYNC_WRITES"]
 ORS_MAX_HEADER_BYTES = env["ORS_MAX_HEADER_BYTES"]
 ORS_MAX_LIST_TASKS = env["ORS_MAX_LIST_TASKS"]
 ORS_TOOL_THREADS = env["ORS_TOOL_THREADS"]  # per sandbox worker
-# Sandbox workers (runners/sandbox/): the defaults live in sandbox/config.py so runner nodes,
+# Sandbox workers (orsplatform/sandbox/): the defaults live in sandbox/config.py so runner nodes,
 # which have no Django settings, read the same names with the same defaults.
 ORS_SANDBOX = env["ORS_SANDBOX"]  # bwrap | none (tenants NOT isolated; said at every start)
 ORS_SANDBOX_BWRAP = env["ORS_SANDBOX_BWRAP"]

@@ -50,7 +50,7 @@ from orsplatform.sandbox import untrusted_files
 from orsplatform.sandbox.config import Limits, SandboxConfig
 from orsplatform.sandbox.pool import RUNTIME_SUFFIX, sandboxed
 
-BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "runners" / "sandbox" / "build.py"
+BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "sandbox" / "build.py"
 SANDBOX_BUILD_SCRIPT = "/ors/build.py"
 SANDBOX_SOURCE_BUILD = "/build"  # a source build's own folder, inside its sandbox
 COMPLETE = ".complete"  # written last: a folder without it is a build that did not finish

@@ -22,10 +22,14 @@ PROTOCOL = "orsplatform.perimeter.connections:PerimeterHttpToolsProtocol"
 
 
 def make_run_args() -> list[str]:
-    """uvicorn's options from the Makefile's `run` recipe (host and port left to the caller)."""
-    recipe = re.search(r"^run:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
-    assert recipe is not None, "the Makefile has no run target"
-    words = recipe.group(1).replace("\\\n", " ").split()
+    """uvicorn's options as `make run` starts the server (the Makefile's SERVER_CMD, which its `run`
+    recipe executes; host and port left to the caller)."""
+    text = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^run:.*\n((?:\t.*\n)+)", text, re.M)
+    assert recipe is not None and "$(SERVER_CMD)" in recipe.group(1), "`make run` does not start SERVER_CMD"
+    command = re.search(r"^SERVER_CMD = ((?:.*\\\n)*.*\n)", text, re.M)
+    assert command is not None, "the Makefile has no SERVER_CMD"
+    words = command.group(1).replace("\\\n", " ").split()
     args = words[words.index("orsplatform.asgi:application") + 1:]
     skip = {"--host", "--port"}
     out: list[str] = []
