@@ -509,6 +509,10 @@ def version_build(*, version_id: int) -> EnvironmentVersion:
     call finds it no longer building and returns it."""
     version = EnvironmentVersion.objects.select_related("environment__team").get(id=version_id)
     if version.status != EnvironmentVersion.Status.BUILDING:
+        if version.status == EnvironmentVersion.Status.FAILED and version.environment.deleted_at is not None:
+            # Deleted before its build started (the worker took the task later): the delete left the
+            # package to this build, which removes it as a failed build does.
+            _package_release(version)
         return version
     log = pyenvs.BuildLog(pyenvs.log_path(version.id))
     stored = Path(version.package_path)
@@ -554,13 +558,17 @@ def _version_fail(version: EnvironmentVersion, check: str, message: str, log: py
     version.status = EnvironmentVersion.Status.FAILED
     version.error = f"{check}: {message}"
     version.save(update_fields=["status", "error"])
-    # Nothing published: the package goes unless another version serves the same content.
+    _package_release(version)
+    return version
+
+
+def _package_release(version: EnvironmentVersion) -> None:
+    """Nothing published: the package goes unless another version serves the same content."""
     pyenvs.record_runtime(version.package_path, None)
     if not EnvironmentVersion.objects.filter(content_hash=version.content_hash).exclude(
             status=EnvironmentVersion.Status.FAILED).exists():
         shutil.rmtree(version.package_path, ignore_errors=True)
         data.record(version.package_path, None)
-    return version
 
 
 def versions_fail_stalled_builds(*, older_than_seconds: float, limit: int | None = None) -> int:
