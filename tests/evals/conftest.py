@@ -102,6 +102,7 @@ def platform_worker(live_db):
 
     saved = {name: app.conf[name] for name in ("task_always_eager", "broker_url")}
     app.conf.update(task_always_eager=False, broker_url="memory://")
+    fresh_connections(app)
     app.loader.import_default_modules()
     try:
         with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=60,
@@ -114,6 +115,15 @@ def platform_worker(live_db):
                     time.sleep(0.05)  # polling interval while waiting on the condition
     finally:
         app.conf.update(saved)
+        fresh_connections(app)
+
+
+def fresh_connections(app) -> None:
+    """The app keeps the connection and producer pools of the broker it first sent to (an earlier
+    test's, in a whole-suite run): a broker changed later is used only by pools made after it, so
+    without this the runs' tasks went to the suite's Redis while the test worker read memory://."""
+    app._pool = None
+    app.amqp._producer_pool = None
 
 
 @pytest.fixture
