@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import textwrap
+import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -130,4 +131,5 @@ def _owner_token() -> str:
     from orsplatform.teams.models import Team
     from orsplatform.teams.services import api_key_create
 
-    return api_key_create(team=Team.objects.get(slug="acme"), name="reader").token
+    # A name of its own each time: two live keys of a team cannot share one.
+    return api_key_create(team=Team.objects.get(slug="acme"), name=f"reader-{uuid.uuid4().hex[:8]}").token
