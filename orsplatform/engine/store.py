@@ -188,6 +188,7 @@ class WriteBatcher:
 
 _MISSING = object()
 TASK_BLOCK = 256
+ACTIVITY_SLICE = 256  # sessions' activity times per write (Store.flush_activity)
 
 
 class _TtlCache:
@@ -373,8 +374,14 @@ class Store:
 
     async def flush_activity(self, activity: dict[int, tuple[datetime, datetime | None]],
                              prompts: dict[int, list[dict]] | None = None) -> None:
-        if activity:
-            await self.writes.submit(episode_services.sessions_touch, activity=activity)
+        # In slices written one after another: one write of every open session's activity (8,192
+        # rows took 0.3 to 1 s on SQLite) held the one writer, and every call's audit row queued
+        # behind it (the stall every ORS_ACTIVITY_FLUSH_SECONDS of a socket hold). A slice's
+        # write takes milliseconds; calls' writes that arrive meanwhile go in the next batch.
+        items = list(activity.items())
+        for start in range(0, len(items), ACTIVITY_SLICE):
+            await self.writes.submit(episode_services.sessions_touch,
+                                     activity=dict(items[start:start + ACTIVITY_SLICE]))
         if prompts:  # one statement for all of them (the batcher groups a hot write's rows)
             await asyncio.gather(*[self.writes.submit(SESSION_RECORD_PROMPT, pk=pk, blocks=blocks)
                                    for pk, blocks in prompts.items()])

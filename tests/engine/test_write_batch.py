@@ -3,6 +3,7 @@ redone row by row, and each write gets exactly one answer, even one refused only
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -34,3 +35,35 @@ def test_a_row_refused_at_commit_fails_alone_with_one_answer_per_write(live_db, 
     assert [ok for ok, _ in results] == [True, False]
     assert isinstance(results[1][1], IntegrityError)
     assert list(ToolCall.objects.values_list("task_id", flat=True)) == [good["task_id"]]
+
+
+async def test_an_activity_flush_is_written_in_slices_that_a_calls_audit_row_does_not_wait_behind(
+        live_db, owner, monkeypatch):
+    # One write of every open session's activity held SQLite's one writer for up to a second at
+    # 8,192 sessions, and every call's audit row queued behind it.
+    from asgiref.sync import sync_to_async
+
+    from orsplatform.engine import store as store_module
+    from orsplatform.episodes.models import Session
+
+    monkeypatch.setattr(store_module, "ACTIVITY_SLICE", 2)
+    version = await sync_to_async(EnvironmentVersion.objects.select_related("environment").first)()
+    caller = SimpleNamespace(team_id=owner.team.pk, api_key_id=None)
+    env = SimpleNamespace(environment_id=version.environment_id, version_id=version.pk)
+    store = store_module.Store(threads=1)
+    try:
+        pks = [await store.session_create(sid=uuid.uuid4().hex, caller=caller, env=env, task_spec={}, split="",
+                                          index=None, runner="") for _ in range(6)]
+        at = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+        flush = asyncio.create_task(store.flush_activity({pk: (at, None) for pk in pks}))
+        await asyncio.sleep(0)  # the flush has queued its first slice
+        call = _call(pks[0])
+        await store.tool_call_record(**call)
+        assert not flush.done(), "the call's audit row waited for the whole activity flush"
+        await flush
+        touched = await sync_to_async(lambda: list(Session.objects.filter(pk__in=pks)
+                                                   .values_list("last_activity_at", flat=True)))()
+        assert touched == [at] * 6
+        assert await sync_to_async(ToolCall.objects.filter(task_id=call["task_id"]).exists)()
+    finally:
+        store.close()
