@@ -50,7 +50,7 @@ WORKER_CMD = $(PY) -m celery -A orsplatform worker --beat --pool threads --concu
 	--schedule var/celerybeat-schedule --without-mingle --without-gossip
 SERVER_CMD = $(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
 	--loop uvloop --http orsplatform.perimeter.connections:PerimeterHttpToolsProtocol \
-	--no-access-log --timeout-graceful-shutdown 5
+	--no-access-log --timeout-graceful-shutdown 5 --ws-per-message-deflate false
 run: sandbox-deps publish devkey
 	$(PY) manage.py cleanup_staged --startup
 	@if [ -n "$$REDIS_URL$$CELERY_BROKER_URL" ]; then exec $(SERVER_CMD); fi; \

@@ -249,6 +249,7 @@ def platform_command(server: str, port: int) -> list[str]:
             # As `make run` starts it: the perimeter's protocol (header deadline, connection cap) is
             # httptools' with its limits on, so the ratios are measured with them.
             " --loop uvloop --http orsplatform.perimeter.connections:PerimeterHttpToolsProtocol"
+            " --ws-per-message-deflate false"
         )
     return [sys.executable, *args.split()]
 

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
 try:  # run as a script (bench/ on sys.path) or imported as bench.hold_ors
@@ -44,7 +43,8 @@ try:  # run as a script (bench/ on sys.path) or imported as bench.hold_ors
         server_process,
         tree_cpu_seconds,
     )
-    from loadgen import install_fast_loop, iter_sse, percentile
+    from lean_http import LeanConnection, sse_events
+    from loadgen import install_fast_loop, percentile
 except ImportError:  # pragma: no cover
     from bench.compare import (
         SetupError,
@@ -56,7 +56,8 @@ except ImportError:  # pragma: no cover
         server_process,
         tree_cpu_seconds,
     )
-    from bench.loadgen import install_fast_loop, iter_sse, percentile
+    from bench.lean_http import LeanConnection, sse_events
+    from bench.loadgen import install_fast_loop, percentile
 
 ENV = "wordle"
 TEST_TASKS = 80  # wordle's test split
@@ -70,17 +71,14 @@ class HoldFailed(Exception):
 class Held:
     """One ORS session and its own connection."""
 
-    def __init__(self, base_url: str, api_key: str, timeout: float) -> None:
+    def __init__(self, base_url: str, api_key: str, timeout: float, keep_alive: float = 0.0) -> None:
         self.base_url = base_url
-        # A connection per request. The server closes a connection idle for 5 s (uvicorn's
-        # --timeout-keep-alive under `make run`), and a session's requests are seconds apart: a
-        # client reusing one the server was closing fails its request (a keep-alive race, not a
-        # server error), and a client's idle clock cannot be trusted to start when the server's
-        # did once the load generator itself is behind. An ORS client's pool (httpx: 5 s) would
-        # mostly reconnect between these requests anyway.
-        self.http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1, force_close=True),
-            timeout=aiohttp.ClientTimeout(total=timeout))
+        # The session's connection is kept between its requests for `keep_alive` seconds (an HTTP
+        # client's pool; httpx keeps one 5 s), below the server's own 5 s (uvicorn's
+        # --timeout-keep-alive under `make run`): a client reusing a connection the server was
+        # closing would fail its request (a keep-alive race, not a server error). 0: a connection
+        # per request (a client without a pool, or one whose requests are further apart).
+        self.http = LeanConnection(base_url, keep_alive=keep_alive, timeout=timeout)
         self.headers = {"Content-Type": "application/json", "X-API-Key": api_key}
         self.sid = ""
 
@@ -88,25 +86,20 @@ class Held:
         headers = {**self.headers, "Accept": "text/event-stream"}
         if self.sid:
             headers["X-Session-ID"] = self.sid
-        async with self.http.post(self.base_url + path, headers=headers, data=body) as resp:
-            if resp.status != 200:
-                raise HoldFailed(f"{path}: HTTP {resp.status}: {(await resp.read())[:100]!r}")
-            events = []
-            async for name, data in iter_sse(resp.content):
-                if name == "error":
-                    raise HoldFailed(f"{path}: error event {data[:100]}")
-                events.append((name, data))
-                if name == "end":
-                    break
-            await resp.content.read()  # to EOF, so the connection is kept for the next request
+        status, raw = await self.http.request("POST", path, headers, body)
+        if status != 200:
+            raise HoldFailed(f"{path}: HTTP {status}: {raw[:100]!r}")
+        events = sse_events(raw)
+        for name, data in events:
+            if name == "error":
+                raise HoldFailed(f"{path}: error event {data[:100]}")
         return events
 
     async def _json(self, method: str, path: str, body: bytes | None) -> Any:
         headers = {**self.headers, "X-Session-ID": self.sid}
-        async with self.http.request(method, self.base_url + path, headers=headers, data=body) as resp:
-            raw = await resp.read()
-            if resp.status != 200:
-                raise HoldFailed(f"{path}: HTTP {resp.status}: {raw[:100]!r}")
+        status, raw = await self.http.request(method, path, headers, body or b"")
+        if status != 200:
+            raise HoldFailed(f"{path}: HTTP {status}: {raw[:100]!r}")
         return orjson.loads(raw)
 
     async def open(self, index: int) -> None:
@@ -150,7 +143,7 @@ async def hold(base_url: str, api_key: str, args: argparse.Namespace, server_pid
 
     async def session(k: int) -> None:
         await asyncio.sleep(k / args.ramp)
-        held = Held(base_url, api_key, args.request_timeout)
+        held = Held(base_url, api_key, args.request_timeout, args.keep_alive)
         try:
             try:
                 await held.open(k % TEST_TASKS)
@@ -238,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-every", type=float, default=5.0, help="seconds between a session's tool calls")
     parser.add_argument("--ping", type=float, default=10.0, help="seconds between a session's pings")
     parser.add_argument("--ramp", type=float, default=200.0, help="sessions opened per second")
+    parser.add_argument("--keep-alive", type=float, default=4.0,
+                        help="seconds a session keeps its idle connection (0: a connection per request)")
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--postgres", action="store_true", help="the platform on a fresh PostgreSQL database")
     parser.add_argument("--startup-timeout", type=float, default=120.0)

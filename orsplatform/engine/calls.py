@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -21,6 +20,7 @@ from django.utils import timezone
 
 from orsplatform.engine.errors import storable
 from orsplatform.engine.hints import unknown_tool
+from orsplatform.engine.ids import call_id
 from orsplatform.engine.live import CallEntry, LiveSession
 from orsplatform.engine.store import Store
 from orsplatform.episodes.models import ToolCall
@@ -44,7 +44,7 @@ class CallRunner:
         self.lingering: deque[tuple[float, dict[str, CallEntry], str]] = deque()
 
     def start(self, live: LiveSession, name: str, tool_input: dict, *, lingers: bool = True) -> CallEntry:
-        entry = CallEntry(task_id=uuid.uuid4().hex, lingers=lingers)
+        entry = CallEntry(task_id=call_id(), lingers=lingers)
         live.calls[entry.task_id] = entry
         entry.task = self.spawn(self._run(live, entry, name, tool_input))
         return entry

@@ -72,7 +72,9 @@ class ToolCall(models.Model):
         OK = "ok"
         ERROR = "error"
 
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls")
+    # No index of its own: (session, started_at) below serves every lookup by session, and each
+    # index is one more page written per audit row.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
     task_id = models.CharField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     input = models.JSONField(default=dict)

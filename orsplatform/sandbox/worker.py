@@ -139,7 +139,9 @@ class Host:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ors-env")
         self.live: dict[str, _Live] = {}
         self._cls: dict[str, type] = {}
-        self._models: dict[tuple[type, str], Any] = {}
+        # A tool function -> (is it a tool, its input model): the SDK's checks (signature, type
+        # hints) cost more than a small tool itself, and give the same answer for the same function.
+        self._tools: dict[Any, tuple[bool, Any]] = {}
         self._declarations: dict[str, Any] = {}  # OpenEnv classes' declarations, by entrypoint
         self._idle: Any = None  # OpenEnv instances kept between episodes (openenv_host.Idle)
         self._lock = threading.Lock()
@@ -311,25 +313,42 @@ class Host:
         # session's secrets, is decided by the supervisor (this process runs tenant code).
         return outcome
 
+    def _tool(self, fn: Any) -> tuple[bool, Any]:
+        """(is `fn` a tool, its input model or None), looked up once per function."""
+        from ors.environment import _introspect_tool
+
+        func = getattr(fn, "__func__", fn)
+        try:
+            known = self._tools.get(func)
+        except TypeError:  # an unhashable callable: asked each time
+            func, known = None, None
+        if known is None:
+            is_tool = self.Environment._is_tool(fn)
+            model = None
+            if is_tool:
+                _, hints, params = _introspect_tool(fn)
+                model = hints[params[0].name] if params else None
+            known = (is_tool, model)
+            if func is not None:
+                if len(self._tools) >= 4096:  # functions made per call would otherwise grow it
+                    self._tools.clear()
+                self._tools[func] = known
+        return known
+
     async def _dispatch(self, instance: Any, name: str, tool_input: dict) -> dict:
         from ors import ToolOutput
-        from ors.environment import _introspect_tool
         from pydantic import ValidationError
 
-        Environment = self.Environment
         fn = None if name.startswith("_") else getattr(instance, name, None)
-        if fn is None or not Environment._is_tool(fn):
+        known = self._tool(fn) if fn is not None else (False, None)
+        if not known[0]:
             # Toolsets and unknown names: the SDK's own dispatcher knows their rules.
             out = await self.run(instance._call_tool, name, tool_input)
             result = out.model_dump(mode="json")
             if not result["ok"]:
                 result["reason"] = "not_found" if "is not a valid tool" in result["error"] else "name_collision"
             return {"result": result}
-        key = (type(instance), name)
-        model = self._models.get(key, False)
-        if model is False:  # the tool's input model, looked up once per class and tool
-            _, hints, params = _introspect_tool(fn)
-            model = self._models[key] = hints[params[0].name] if params else None
+        model = known[1]
         args: tuple = ()
         if model is not None:
             try:
