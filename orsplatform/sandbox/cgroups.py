@@ -16,9 +16,11 @@ forks, tmpfs pages it writes (/tmp, /dev/shm) included:
   (``weigh_all``);
 - busy workers weigh less: the supervisor reads each worker's CPU time (v2 ``cpu.stat``
   ``usage_usec``; v1 ``cpuacct.usage``, in the cpuacct hierarchy where it is mounted apart from
-  cpu, else its processes' times) and lowers the weight of one that keeps a CPU busy
-  (``set_cpu_weight``; pool.py), restoring it once calm: a tenant burning CPU then yields, on the
-  CPU it burns, to a calm worker as soon as that one wakes (bench/tenant_noise.py's `burn`);
+  cpu, else its processes' times) and demotes one that keeps a CPU busy (pool.py), restoring it
+  once calm: ``cpu.idle`` 1 where the kernel has it (v1 and v2, Linux 5.15+: the group is
+  scheduled like SCHED_IDLE) and a low weight: a tenant burning CPU then yields at once to a calm
+  worker that wakes on its CPU, whose wake-up otherwise waited for the burner's slice
+  (bench/tenant_noise.py's `burn`);
 - killing from outside: the supervisor kills what is in the cgroup (v2 ``cgroup.kill`` where the
   kernel has it), never trusting code inside the sandbox to do it.
 
@@ -303,13 +305,25 @@ class WorkerCgroup:
         return ticks / _CLOCK_TICKS
 
     def set_cpu_weight(self, weight: int) -> None:
-        """The worker's CPU weight (v2 scale) from now on (ignored once the cgroup is gone)."""
+        """The worker's CPU weight (v2 scale) from now on (ignored once the cgroup is gone; refused
+        by the kernel while cpu.idle is 1, which gives the group the smallest weight itself)."""
         weight = max(1, min(10000, weight))
         with contextlib.suppress(OSError, KeyError):
             if self.version == 2:
                 self._write("unified", "cpu.weight", weight)
             else:
                 self._write("cpu", "cpu.shares", max(2, weight * 1024 // 100))
+
+    def set_cpu_idle(self, idle: bool) -> bool:
+        """``cpu.idle``: scheduled like SCHED_IDLE against its sibling cgroups (any of them waking
+        preempts it; a CPU running only idle groups counts as free when a woken task is placed).
+        Leaving idle resets the weight to the default's: set it again after. False where the kernel
+        has no cpu.idle (before 5.15)."""
+        try:
+            self._write("unified" if self.version == 2 else "cpu", "cpu.idle", int(idle), optional=True)
+            return (self.paths["unified" if self.version == 2 else "cpu"] / "cpu.idle").exists()
+        except (OSError, KeyError):
+            return False
 
     def oom_kills(self) -> int:
         """How many processes of the worker the kernel killed for the memory limit."""

@@ -49,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     # so a tenant burning CPU yields to the calm workers of every other team (0 turns this off).
     "ORS_SANDBOX_BUSY_CPU": 0.5,
     "ORS_SANDBOX_BUSY_CPU_WEIGHT": 1,
+    # ...and its cgroup is made idle (cpu.idle 1, where the kernel has it: scheduled like
+    # SCHED_IDLE, so a calm worker waking on its CPU preempts it at once).
+    "ORS_SANDBOX_BUSY_CPU_IDLE": True,
 }
 
 
@@ -97,6 +100,7 @@ class SandboxConfig:
     total_cpu_weight: int = 25
     busy_cpu: float = 0.5
     busy_cpu_weight: int = 1
+    busy_cpu_idle: bool = True
 
     @classmethod
     def from_values(cls, get, *, threads: int) -> SandboxConfig:
@@ -110,6 +114,7 @@ class SandboxConfig:
             start_seconds=get("ORS_SANDBOX_START_SECONDS"), cpu_weight=get("ORS_SANDBOX_CPU_WEIGHT"),
             total_cpu_weight=get("ORS_SANDBOX_TOTAL_CPU_WEIGHT"),
             busy_cpu=get("ORS_SANDBOX_BUSY_CPU"), busy_cpu_weight=get("ORS_SANDBOX_BUSY_CPU_WEIGHT"),
+            busy_cpu_idle=get("ORS_SANDBOX_BUSY_CPU_IDLE"),
             defaults=Limits(get("ORS_SANDBOX_MEMORY_MB") * MiB, get("ORS_SANDBOX_CPU_SECONDS"),
                             get("ORS_SANDBOX_PROCESSES"), get("ORS_SANDBOX_OPEN_FILES"), get("ORS_SANDBOX_TMP_MB") * MiB),
             maxima=Limits(get("ORS_SANDBOX_MAX_MEMORY_MB") * MiB, get("ORS_SANDBOX_MAX_CPU_SECONDS"),

@@ -574,9 +574,10 @@ class Worker:
         Every worker has the same weight, so a tenant burning a CPU holds it against a calm worker
         that wakes up on that CPU for a call: the calm one waits for the scheduler's wake-up
         preemption or the burner's slice, ~2 ms on each of another team's calls (bench/
-        tenant_noise.py's `burn`, x1.5). Demoted to a weight of ORS_SANDBOX_BUSY_CPU_WEIGHT, the
-        burner yields at once and runs on whatever the others leave: a weight binds only under
-        contention, so a busy worker alone (or among busy ones) keeps every CPU it had."""
+        tenant_noise.py's `burn`, x1.5). Demoted (cgroup cpu.idle 1 with ORS_SANDBOX_BUSY_CPU_IDLE,
+        and a weight of ORS_SANDBOX_BUSY_CPU_WEIGHT), the burner yields at once and runs on whatever
+        the others leave (x1.2; x1.3 with the weight alone): neither binds without contention, so a
+        busy worker alone (or among busy ones) keeps every CPU it had."""
         threshold = self.config.busy_cpu
         if self._cgroup is None or threshold <= 0:
             return
@@ -592,6 +593,8 @@ class Worker:
             if not self.busy:
                 self.busy = True
                 self._cgroup.set_cpu_weight(self.config.busy_cpu_weight)
+                if self.config.busy_cpu_idle:
+                    self._cgroup.set_cpu_idle(True)
                 log.info("sandbox worker %s for %s is busy (%.0f%% of a CPU): weight %d until calm",
                          self.proc.pid if self.proc else "?", self.label, share * 100, self.config.busy_cpu_weight)
         elif self.busy:
@@ -600,6 +603,8 @@ class Worker:
             if now - self._calm_since >= CALM_SECONDS:
                 self.busy = False
                 self._calm_since = None
+                if self.config.busy_cpu_idle:
+                    self._cgroup.set_cpu_idle(False)  # first: the kernel refuses a weight while idle
                 self._cgroup.set_cpu_weight(self.config.cpu_weight)
                 log.info("sandbox worker %s for %s is calm again: weight %d",
                          self.proc.pid if self.proc else "?", self.label, self.config.cpu_weight)

@@ -69,6 +69,14 @@ def spec(sid: str, package: str, team: int) -> SessionSpec:
                        owner={"team": team, "env": f"team{team}/burner@1"})
 
 
+def idle_of(group: WorkerCgroup) -> int | None:
+    """The worker cgroup's cpu.idle (None where the kernel has none)."""
+    try:
+        return int(group.read("cpu", "cpu.idle"))
+    except FileNotFoundError:
+        return None
+
+
 def weight_of(group: WorkerCgroup) -> int:
     """The worker cgroup's CPU weight on the v2 scale (v1 cpu.shares = weight * 1024 / 100)."""
     if group.version == 2:
@@ -96,12 +104,13 @@ async def test_a_burning_worker_is_demoted_while_another_teams_calm_worker_keeps
         await wait_for(lambda: burner.busy, timeout=20, what="the burning worker to be found busy")
         # v1's smallest cpu.shares is 2, i.e. weight 0 on the v2 scale after rounding
         assert weight_of(burner._cgroup) <= config.busy_cpu_weight
+        assert idle_of(burner._cgroup) in (1, None) and idle_of(calm._cgroup) in (0, None)
         outcome = await executor.call("calm", "ping", {"seconds": 0}, timeout=10)
         assert outcome.result["output"]["reward"] == 1.0
         assert not calm.busy and weight_of(calm._cgroup) == config.cpu_weight
         assert (await burn).result["output"]["reward"] == 0.0
         await wait_for(lambda: not burner.busy, timeout=20, what="the burner, calm again, to be restored")
-        assert weight_of(burner._cgroup) == config.cpu_weight
+        assert weight_of(burner._cgroup) == config.cpu_weight and idle_of(burner._cgroup) in (0, None)
     finally:
         await executor.close()
 
@@ -112,12 +121,14 @@ def fake_group(tmp_path: Path, version: int) -> WorkerCgroup:
         path = tmp_path / "ors-sandbox" / "w"
         path.mkdir(parents=True)
         (path / "cpu.weight").write_text("100")
+        (path / "cpu.idle").write_text("0")
         (path / "cpu.stat").write_text("usage_usec 0\nuser_usec 0\nsystem_usec 0\n")
         return WorkerCgroup(cgroups._Layout(2, {"unified": path.parent}), {"unified": path})
     paths = {c: tmp_path / c / "ors-sandbox" / "w" for c in ("memory", "pids", "cpu", "cpuacct")}
     for path in paths.values():
         path.mkdir(parents=True)
     (paths["cpu"] / "cpu.shares").write_text("1024")
+    (paths["cpu"] / "cpu.idle").write_text("0")
     (paths["cpuacct"] / "cpuacct.usage").write_text("0")
     return WorkerCgroup(cgroups._Layout(1, {c: p.parent for c, p in paths.items()}), paths)
 
@@ -140,6 +151,21 @@ def test_the_cgroup_files_of_each_version_give_cpu_time_and_take_a_weight(tmp_pa
         "1" if version == 2 else "10")  # v1: weight * 1024 // 100
     group.set_cpu_weight(100)
     assert weight_of(group) == 100
+    assert group.set_cpu_idle(True) and idle_of(group) == 1
+    assert group.set_cpu_idle(False) and idle_of(group) == 0
+    (group.paths["unified" if version == 2 else "cpu"] / "cpu.idle").unlink()
+    assert not group.set_cpu_idle(True) and idle_of(group) is None  # a kernel before 5.15
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_busy_worker_with_idle_off_keeps_a_normal_cgroup_with_a_low_weight(tmp_path, version):
+    config = dataclasses.replace(SandboxConfig(), busy_cpu=0.5, busy_cpu_weight=5, busy_cpu_idle=False)
+    worker = Worker(("pkg", 1), "acme/burner@1", config)
+    worker._cgroup = group = fake_group(tmp_path, version)
+    worker.pace(0.0)
+    use(group, 1.0)
+    worker.pace(1.0)
+    assert worker.busy and idle_of(group) == 0 and weight_of(group) == (5 if version == 2 else 4)
 
 
 def test_v1_without_cpuacct_reads_cpu_time_from_the_processes(tmp_path):
@@ -167,13 +193,13 @@ def test_a_worker_is_busy_after_one_busy_window_and_restored_only_after_a_calm_s
     tick(0.2)
     assert not worker.busy and weight_of(group) == 100
     tick(0.9)
-    assert worker.busy and weight_of(group) <= 1
+    assert worker.busy and weight_of(group) <= 1 and idle_of(group) == 1
     calm_ticks = 0
     while worker.busy:
         tick(0.1)
         calm_ticks += 1
         assert calm_ticks <= CALM_SECONDS / JANITOR_SECONDS + 1
-    assert calm_ticks * JANITOR_SECONDS >= CALM_SECONDS and weight_of(group) == 100
+    assert calm_ticks * JANITOR_SECONDS >= CALM_SECONDS and weight_of(group) == 100 and idle_of(group) == 0
     tick(0.6)
     assert worker.busy
     tick(0.1)
