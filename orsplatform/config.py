@@ -309,6 +309,11 @@ _sandbox("ORS_SANDBOX_CPU_WEIGHT", "Each worker's CPU weight in its cgroup (cgro
          minimum=1)
 _sandbox("ORS_SANDBOX_TOTAL_CPU_WEIGHT", "All workers together against the platform's processes (100 "
          "each): under contention the platform runs first.", minimum=1)
+_sandbox("ORS_SANDBOX_BUSY_CPU", "A worker using this share of one CPU is busy: its weight drops to "
+         "ORS_SANDBOX_BUSY_CPU_WEIGHT until calm for a second (0: never).", minimum=0)
+_sandbox("ORS_SANDBOX_BUSY_CPU_WEIGHT", "A busy worker's CPU weight (cgroup v2 scale 1-10000).", minimum=1)
+_sandbox("ORS_SANDBOX_BUSY_CPU_IDLE", "A busy worker's cgroup is also idle (`cpu.idle`, Linux 5.15+): "
+         "any calm worker waking on its CPU preempts it at once.")
 # The tenant record (docs/tenant-record.md): a worker's channel to its supervisor.
 _channel("ORS_MAX_TOOL_OUTPUT_BYTES", "An answer (tool output, prompt, task tools) larger than this ends "
          "its request with an error.")

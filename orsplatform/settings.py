@@ -306,6 +306,10 @@ ORS_SANDBOX_MAX_TMP_MB = env["ORS_SANDBOX_MAX_TMP_MB"]
 ORS_SANDBOX_CPU_WEIGHT = env["ORS_SANDBOX_CPU_WEIGHT"]
 # All workers together against the platform's own processes (100 each): the platform runs first.
 ORS_SANDBOX_TOTAL_CPU_WEIGHT = env["ORS_SANDBOX_TOTAL_CPU_WEIGHT"]
+# A worker keeping a CPU busy weighs ORS_SANDBOX_BUSY_CPU_WEIGHT until calm (docs/sandbox.md).
+ORS_SANDBOX_BUSY_CPU = env["ORS_SANDBOX_BUSY_CPU"]
+ORS_SANDBOX_BUSY_CPU_WEIGHT = env["ORS_SANDBOX_BUSY_CPU_WEIGHT"]
+ORS_SANDBOX_BUSY_CPU_IDLE = env["ORS_SANDBOX_BUSY_CPU_IDLE"]
 # The tenant record (docs/tenant-record.md). A sandbox worker's channel: an answer (tool output,
 # prompt, task tools) over ORS_MAX_TOOL_OUTPUT_BYTES ends its request with an error and the audit
 # log keeps its first ORS_AUDIT_TRUNCATED_BYTES; a frame over ORS_MAX_FRAME_BYTES, one unfinished

@@ -14,6 +14,13 @@ forks, tmpfs pages it writes (/tmp, /dev/shm) included:
   starts many busy processes still gets one worker's share of the CPU; all workers together (their
   parent) weigh less than one platform process, so the supervisor serving every team runs first
   (``weigh_all``);
+- busy workers weigh less: the supervisor reads each worker's CPU time (v2 ``cpu.stat``
+  ``usage_usec``; v1 ``cpuacct.usage``, in the cpuacct hierarchy where it is mounted apart from
+  cpu, else its processes' times) and demotes one that keeps a CPU busy (pool.py), restoring it
+  once calm: ``cpu.idle`` 1 where the kernel has it (v1 and v2, Linux 5.15+: the group is
+  scheduled like SCHED_IDLE) and a low weight: a tenant burning CPU then yields at once to a calm
+  worker that wakes on its CPU, whose wake-up otherwise waited for the burner's slice
+  (bench/tenant_noise.py's `burn`);
 - killing from outside: the supervisor kills what is in the cgroup (v2 ``cgroup.kill`` where the
   kernel has it), never trusting code inside the sandbox to do it.
 
@@ -37,8 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("orsplatform.sandbox")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 V1_CONTROLLERS = ("memory", "pids", "cpu")
+# Where a v1 kernel mounts cpuacct apart from cpu (this machine), workers get a cgroup there too, so
+# their CPU time (children included) is one read; co-mounted ("cpu,cpuacct"), the cpu one has it.
+V1_OPTIONAL = ("cpuacct",)
 GROUP = "ors-sandbox"
 # The sandbox's pid 1 (bubblewrap's init) and the process it starts (the worker, the inspector):
 # the numbers they always get in the sandbox's own pid namespace.
@@ -66,7 +77,7 @@ def _mounts() -> tuple[dict[str, Path], Path | None]:
                 v2 = Path(fields[4])
             elif fstype == "cgroup":
                 for option in options:
-                    if option in V1_CONTROLLERS:
+                    if option in V1_CONTROLLERS or option in V1_OPTIONAL:
                         v1.setdefault(option, Path(fields[4]))
     return v1, v2
 
@@ -142,6 +153,9 @@ def layout() -> _Layout | None:
         if v1.keys() >= set(V1_CONTROLLERS):
             parents = {c: _make_parent(v1[c], own.get(c, "/")) for c in V1_CONTROLLERS}
             if all(parents.values()):
+                for c in V1_OPTIONAL:  # best effort: without it, CPU time is read per process
+                    if c in v1 and v1[c] != v1["cpu"] and (parent := _make_parent(v1[c], own.get(c, "/"))):
+                        parents[c] = parent
                 _remove_orphans(parents.values())  # type: ignore[arg-type]
                 return _Layout(1, parents)  # type: ignore[arg-type]
             why = "the cgroup v1 hierarchies are not writable"
@@ -264,6 +278,52 @@ class WorkerCgroup:
 
     def read(self, controller: str, name: str) -> str:
         return (self.paths["unified" if self.version == 2 else controller] / name).read_text()
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time the worker has used so far (every process it ever had), None if unknown."""
+        try:
+            if self.version == 2:
+                for line in self.read("unified", "cpu.stat").splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) / 1e6
+                return None
+            # cpuacct apart (its own cgroup) or co-mounted with cpu (the cpu cgroup has the file)
+            where = self.paths.get("cpuacct") or self.paths["cpu"]
+            return int((where / "cpuacct.usage").read_text()) / 1e9
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError):
+            return None
+        # v1 without cpuacct: the live processes' own and reaped children's times.
+        ticks = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+                ticks += sum(int(x) for x in fields[11:15])
+        return ticks / _CLOCK_TICKS
+
+    def set_cpu_weight(self, weight: int) -> None:
+        """The worker's CPU weight (v2 scale) from now on (ignored once the cgroup is gone; refused
+        by the kernel while cpu.idle is 1, which gives the group the smallest weight itself)."""
+        weight = max(1, min(10000, weight))
+        with contextlib.suppress(OSError, KeyError):
+            if self.version == 2:
+                self._write("unified", "cpu.weight", weight)
+            else:
+                self._write("cpu", "cpu.shares", max(2, weight * 1024 // 100))
+
+    def set_cpu_idle(self, idle: bool) -> bool:
+        """``cpu.idle``: scheduled like SCHED_IDLE against its sibling cgroups (any of them waking
+        preempts it; a CPU running only idle groups counts as free when a woken task is placed).
+        Leaving idle resets the weight to the default's: set it again after. False where the kernel
+        has no cpu.idle (before 5.15)."""
+        try:
+            self._write("unified" if self.version == 2 else "cpu", "cpu.idle", int(idle), optional=True)
+            return (self.paths["unified" if self.version == 2 else "cpu"] / "cpu.idle").exists()
+        except (OSError, KeyError):
+            return False
 
     def oom_kills(self) -> int:
         """How many processes of the worker the kernel killed for the memory limit."""

@@ -44,6 +44,14 @@ DEFAULTS: dict[str, Any] = {
     # runs first, so one tenant's burn cannot slow another team's calls through it (docs/sandbox.md;
     # bench/tenant_noise.py). Idle CPU is never withheld: weights only count under contention.
     "ORS_SANDBOX_TOTAL_CPU_WEIGHT": 25,
+    # A worker that used at least this share of one CPU over the last half second is busy: its
+    # weight drops to ORS_SANDBOX_BUSY_CPU_WEIGHT until it has been below that share for a second,
+    # so a tenant burning CPU yields to the calm workers of every other team (0 turns this off).
+    "ORS_SANDBOX_BUSY_CPU": 0.5,
+    "ORS_SANDBOX_BUSY_CPU_WEIGHT": 1,
+    # ...and its cgroup is made idle (cpu.idle 1, where the kernel has it: scheduled like
+    # SCHED_IDLE, so a calm worker waking on its CPU preempts it at once).
+    "ORS_SANDBOX_BUSY_CPU_IDLE": True,
 }
 
 
@@ -90,6 +98,9 @@ class SandboxConfig:
     python: str = sys.executable
     cpu_weight: int = 100
     total_cpu_weight: int = 25
+    busy_cpu: float = 0.5
+    busy_cpu_weight: int = 1
+    busy_cpu_idle: bool = True
 
     @classmethod
     def from_values(cls, get, *, threads: int) -> SandboxConfig:
@@ -102,6 +113,8 @@ class SandboxConfig:
             idle_seconds=get("ORS_SANDBOX_IDLE_SECONDS"), grace_seconds=get("ORS_SANDBOX_GRACE_SECONDS"),
             start_seconds=get("ORS_SANDBOX_START_SECONDS"), cpu_weight=get("ORS_SANDBOX_CPU_WEIGHT"),
             total_cpu_weight=get("ORS_SANDBOX_TOTAL_CPU_WEIGHT"),
+            busy_cpu=get("ORS_SANDBOX_BUSY_CPU"), busy_cpu_weight=get("ORS_SANDBOX_BUSY_CPU_WEIGHT"),
+            busy_cpu_idle=get("ORS_SANDBOX_BUSY_CPU_IDLE"),
             defaults=Limits(get("ORS_SANDBOX_MEMORY_MB") * MiB, get("ORS_SANDBOX_CPU_SECONDS"),
                             get("ORS_SANDBOX_PROCESSES"), get("ORS_SANDBOX_OPEN_FILES"), get("ORS_SANDBOX_TMP_MB") * MiB),
             maxima=Limits(get("ORS_SANDBOX_MAX_MEMORY_MB") * MiB, get("ORS_SANDBOX_MAX_CPU_SECONDS"),

@@ -57,6 +57,9 @@ SANDBOX_PYTHON_HOME = "/ors/python"  # the base interpreter's prefix
 SANDBOX_VENV = "/ors/venv"  # site-packages: the platform's virtualenv or the package's own
 SANDBOX_PYTHON = f"{SANDBOX_VENV}/bin/python"
 JANITOR_SECONDS = 0.5
+# A busy worker (ORS_SANDBOX_BUSY_CPU) gets its weight back once it has used less than that share
+# of a CPU for this long (a burn with short pauses between its calls stays demoted).
+CALM_SECONDS = 1.0
 # A pair whose worker was killed for a protocol fault waits this long before its next worker
 # starts, doubling with each fault within BACKOFF_RESET_SECONDS of the last, up to the maximum.
 BACKOFF_FIRST_SECONDS, BACKOFF_MAX_SECONDS, BACKOFF_RESET_SECONDS = 0.5, 30.0, 120.0
@@ -363,6 +366,11 @@ class Worker:
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
         self._cgroup: WorkerCgroup | None = None
         self._limits: Limits | None = None
+        # CPU pacing (pace()): the last reading of the worker's CPU time, (when, seconds used), and
+        # since when it has been calm while demoted.
+        self.busy = False
+        self._cpu_seen: tuple[float, float] | None = None
+        self._calm_since: float | None = None
         # Frames not yet written: every frame of one event-loop pass goes out in one write (one
         # wake-up of the worker instead of one per frame); lazy ones (teardowns) wait for the
         # next urgent frame or LAZY_SECONDS.
@@ -559,6 +567,47 @@ class Worker:
             kill_strays(self._cgroup.pids() if self._cgroup is not None else descendants(self.proc.pid))
         except OSError:
             log.debug("could not look for stray processes of a worker of %s", self.label)
+
+    def pace(self, now: float) -> None:
+        """Lower the CPU weight of a worker that keeps a CPU busy, and restore it once calm.
+
+        Every worker has the same weight, so a tenant burning a CPU holds it against a calm worker
+        that wakes up on that CPU for a call: the calm one waits for the scheduler's wake-up
+        preemption or the burner's slice, ~2 ms on each of another team's calls (bench/
+        tenant_noise.py's `burn`, x1.5). Demoted (cgroup cpu.idle 1 with ORS_SANDBOX_BUSY_CPU_IDLE,
+        and a weight of ORS_SANDBOX_BUSY_CPU_WEIGHT), the burner yields at once and runs on whatever
+        the others leave (x1.2; x1.3 with the weight alone): neither binds without contention, so a
+        busy worker alone (or among busy ones) keeps every CPU it had."""
+        threshold = self.config.busy_cpu
+        if self._cgroup is None or threshold <= 0:
+            return
+        used = self._cgroup.cpu_seconds()
+        if used is None:
+            return
+        seen, self._cpu_seen = self._cpu_seen, (now, used)
+        if seen is None or now - seen[0] <= 0:
+            return
+        share = (used - seen[1]) / (now - seen[0])
+        if share >= threshold:
+            self._calm_since = None
+            if not self.busy:
+                self.busy = True
+                self._cgroup.set_cpu_weight(self.config.busy_cpu_weight)
+                if self.config.busy_cpu_idle:
+                    self._cgroup.set_cpu_idle(True)
+                log.info("sandbox worker %s for %s is busy (%.0f%% of a CPU): weight %d until calm",
+                         self.proc.pid if self.proc else "?", self.label, share * 100, self.config.busy_cpu_weight)
+        elif self.busy:
+            if self._calm_since is None:
+                self._calm_since = seen[0]
+            if now - self._calm_since >= CALM_SECONDS:
+                self.busy = False
+                self._calm_since = None
+                if self.config.busy_cpu_idle:
+                    self._cgroup.set_cpu_idle(False)  # first: the kernel refuses a weight while idle
+                self._cgroup.set_cpu_weight(self.config.cpu_weight)
+                log.info("sandbox worker %s for %s is calm again: weight %d",
+                         self.proc.pid if self.proc else "?", self.label, self.config.cpu_weight)
 
     def out_of_memory(self) -> bool:
         """Did the kernel kill a process of this worker for its cgroup's memory limit?"""
@@ -844,6 +893,8 @@ class SandboxPool:
                     worker.kill(worker.memory_reason())
                 elif worker.idle_since is not None and now - worker.idle_since > self.config.idle_seconds:
                     worker.kill("it was idle")
+                else:
+                    worker.pace(now)
             workers[:] = [w for w in workers if w.alive or w.proc is None or w.proc.returncode is None]
             lock = self._locks.get(key)
             if not workers and not (lock is not None and lock.locked()):
