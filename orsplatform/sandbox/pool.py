@@ -859,6 +859,10 @@ class SandboxPool:
             worker.on_death = self.on_lost
             worker.on_fault = functools.partial(self._faulted, key)
             await worker.spawn(package_dir, limits)
+            # Idle from when it can take a session, not from before its start (a second or two):
+            # else the janitor could retire it as idle before the session it was started for is
+            # placed on it (that session's setup then failed with "it was idle").
+            worker.idle_since = time.monotonic()
             # Looked up again: the janitor drops a pair's empty list while a worker starts.
             self._workers.setdefault(key, []).append(worker)
             log.info("sandbox worker %s started for %s (%d of this pair)",
