@@ -21,6 +21,9 @@ build is exercised by the tests, not timed here). An episode is ``reset(target=k
 
 Hold mode: ``--hold N`` sockets are opened against the platform and kept open for the duration, each
 calling a tool every ``--step-every`` seconds (jittered); prints the success rate and step latency.
+Its sockets speak through ``bench/lean_ws.py``, the frames GenericEnvClient sends (pings every 20 s
+included) at about a fifth of its CPU, so the load generator leaves the shared box to the server;
+``--client openenv`` holds them with the unmodified client instead.
 The importer's generated server limits itself to one session and marks the environment as not
 concurrency-safe; the reference runs it with that flag set and ``max_concurrent_envs`` raised, the
 only change, so it can serve the same concurrency.
@@ -78,6 +81,49 @@ except ImportError:  # pragma: no cover
 # Imported once up front: importing openenv (gradio, fastmcp) takes seconds, which must not fall
 # inside a measured window.
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
+
+try:
+    from lean_ws import LeanSocket
+except ImportError:  # pragma: no cover
+    from bench.lean_ws import LeanSocket
+
+
+class _HeldClient:
+    """The hold's client: ``bench/lean_ws.py`` (the same frames as GenericEnvClient at a fraction of its CPU,
+    so the load generator leaves the 2-core box to the server) or, with ``--client openenv``, the unmodified one."""
+
+    def __init__(self, url: str, headers: dict[str, str], kind: str) -> None:
+        self.url, self.headers, self.kind = url, headers, kind
+        self.sock: LeanSocket | None = None
+        self.client: GenericEnvClient | None = None
+
+    async def connect(self) -> None:
+        if self.kind == "openenv":
+            self.client = GenericEnvClient(base_url=self.url, headers=self.headers, connect_timeout_s=120,
+                                           message_timeout_s=120)
+            await self.client.connect()
+        else:
+            self.sock = await LeanSocket.open(self.url, self.headers, timeout=120)
+
+    async def reset(self, **kwargs: Any) -> None:
+        if self.client is not None:
+            await self.client.reset(**kwargs)
+        else:
+            await self.sock.request({"type": "reset", "data": kwargs})
+
+    async def step(self, action: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        """(done, observation) of one step."""
+        if self.client is not None:
+            out = await self.client.step(action)
+            return out.done, out.observation
+        data = (await self.sock.request({"type": "step", "data": action}))["data"]
+        return bool(data.get("done")), data.get("observation") or {}
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        elif self.sock is not None:
+            await self.sock.close()
 
 
 @contextlib.contextmanager
@@ -325,6 +371,16 @@ def format_row(label: str, r: dict[str, Any]) -> str:
 # --- hold: many sockets open at once -------------------------------------------------------------
 
 
+def hold_loop_run(main: Any, client: str) -> Any:
+    """The hold's load generator on uvloop (as the server is) when it holds lean sockets: the load
+    generator's CPU per step is CPU the server does not get on a shared box."""
+    if client == "lean":
+        with contextlib.suppress(ImportError):
+            import uvloop
+            return uvloop.run(main)
+    return asyncio.run(main)
+
+
 def run_hold(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     gc.set_threshold(50_000, *gc.get_threshold()[1:])  # as the server's (orsplatform/perimeter/heap.py)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -333,7 +389,8 @@ def run_hold(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         print(f"-- platform: {args.hold} sockets, a step every {args.step_every:g}s for {args.duration:g}s",
               flush=True)
         load0, cpu0 = os.getloadavg()[0], tree_cpu_seconds(proc.pid)
-        result = asyncio.run(_hold_main(f"{url}/openenv/builtin/wordle", {"X-API-Key": key}, args, proc.pid))
+        main = _hold_main(f"{url}/openenv/builtin/wordle", {"X-API-Key": key}, args, proc.pid)
+        result = hold_loop_run(main, args.client)
         result["server_cpu_s"] = tree_cpu_seconds(proc.pid) - cpu0
         result["load"] = (load0, os.getloadavg()[0])
         with contextlib.suppress(Exception):
@@ -353,7 +410,7 @@ async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace
 
     async def one(k: int) -> None:
         await asyncio.sleep(k / args.ramp)
-        await _held_window(url, headers, args.step_every, window, stats, opened, ready, args.hold)
+        await _held_window(url, headers, args.step_every, window, stats, opened, ready, args.hold, args.client)
 
     tasks = [asyncio.create_task(one(k)) for k in range(args.hold)]
     await opened.wait()
@@ -387,7 +444,8 @@ async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace
 
 
 async def _held_window(url: str, headers: dict[str, str], every: float, window: dict[str, float],
-                       stats: dict[str, Any], opened: asyncio.Event, ready: list[int], target: int) -> None:
+                       stats: dict[str, Any], opened: asyncio.Event, ready: list[int], target: int,
+                       kind: str = "lean") -> None:
     def note(exc: Exception) -> None:
         key = type(exc).__name__ + ": " + str(exc)[:100]
         stats["errors"][key] = stats["errors"].get(key, 0) + 1
@@ -397,7 +455,7 @@ async def _held_window(url: str, headers: dict[str, str], every: float, window: 
         if ready[0] >= target:
             opened.set()
 
-    client = GenericEnvClient(base_url=url, headers=headers, connect_timeout_s=120, message_timeout_s=120)
+    client = _HeldClient(url, headers, kind)
     try:
         await client.connect()
         await client.reset(split="test", index=random.randrange(80))
@@ -414,9 +472,10 @@ async def _held_window(url: str, headers: dict[str, str], every: float, window: 
         t0 = time.monotonic()
         try:
             # An invalid guess uses no turn: a real, recorded tool call that never ends the game.
-            out = await client.step({"type": "call_tool", "tool_name": "guess", "arguments": {"word": "zz"}})
-            if out.done or out.observation.get("error"):
-                raise RuntimeError(f"unexpected step result {out.observation}")
+            done, observation = await client.step({"type": "call_tool", "tool_name": "guess",
+                                                   "arguments": {"word": "zz"}})
+            if done or observation.get("error"):
+                raise RuntimeError(f"unexpected step result {observation}")
             stats["steps"] += 1
             stats["latencies"].append(time.monotonic() - t0)
             stats["timeline"].append((t0, time.monotonic() - t0))
@@ -454,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postgres", action="store_true", help="the platform on a fresh PostgreSQL database")
     parser.add_argument("--hold", type=int, default=0, help="hold mode: this many sockets open at once")
     parser.add_argument("--step-every", type=float, default=5.0)
+    parser.add_argument("--client", choices=["lean", "openenv"], default="lean",
+                        help="hold mode: bench/lean_ws.py (default) or the unmodified GenericEnvClient per socket")
     parser.add_argument("--ramp", type=float, default=200.0, help="hold mode: sockets opened per second")
     parser.add_argument("--startup-timeout", type=float, default=120.0)
     parser.add_argument("--json-out", type=Path)

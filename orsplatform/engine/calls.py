@@ -13,10 +13,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from django.utils import timezone
 
 from orsplatform.engine.errors import storable
 from orsplatform.engine.hints import unknown_tool
@@ -60,12 +60,12 @@ class CallRunner:
         # Whatever happens below, the waiting stream must end: `done` is set in the finally.
         recorded = False
         try:
-            started_at = timezone.now()
+            started_at = datetime.now(UTC)  # timezone.now() without its settings lookup (USE_TZ is on)
             audit_input = storable(redact(tool_input, live.secrets))
             # Shared executors keep the running call findable by other gateways (reconnects) and by
             # the sweeper that records it should this gateway die; the audit row is written once, below.
             note = {"sid": live.sid, "session_pk": live.pk, "name": name, "input": audit_input,
-                    "started_at": started_at.isoformat()}
+                    "started_at": started_at.isoformat()} if self.executor.shared else None
             outcome, encoded = await self._execute(live, name, tool_input, entry.task_id, note)
             live.count_call(outcome.result)
             # The audit log's copy is made by the platform from the very result the agent is sent:
@@ -84,7 +84,7 @@ class CallRunner:
             try:
                 await self.store.tool_call_record(
                     session_pk=live.pk, task_id=entry.task_id, name=storable(name), input=audit_input,
-                    result=audit_result, exception=exception, started_at=started_at, finished_at=timezone.now(),
+                    result=audit_result, exception=exception, started_at=started_at, finished_at=datetime.now(UTC),
                 )
                 recorded = True
             except Exception:
@@ -111,7 +111,7 @@ class CallRunner:
                 log.warning("could not drop the marker of call %s: %s", entry.task_id, exc)
 
     async def _execute(self, live: LiveSession, name: str, tool_input: dict, task_id: str,
-                       note: dict) -> tuple[CallOutcome, bytes | None]:
+                       note: dict | None) -> tuple[CallOutcome, bytes | None]:
         """The call's outcome and its result encoded once for the wire (None without a result)."""
         try:
             outcome = await self.executor.call(live.sid, name, tool_input, live.env.tool_timeout, task_id, note)

@@ -400,6 +400,8 @@ class EpisodeGateway:
 
     async def ready(self, live: LiveSession, wait: float | None = None) -> None:
         """Wait (up to ORS_SETUP_WAIT_SECONDS) for setup: 503 while it runs, 500 when it failed."""
+        if self.executor.ready_now(live.sid):
+            return
         try:
             await self.executor.wait_ready(live.sid, settings.ORS_SETUP_WAIT_SECONDS if wait is None else wait)
         except SetupPending:

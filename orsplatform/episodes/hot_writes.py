@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -67,8 +67,16 @@ def _sqlite_json(value: Any) -> str:
 
 
 def _sqlite_params(params: list | tuple) -> list:
-    adapt = connection.ops.adapt_datetimefield_value  # the column's own text form
+    # The column's own text form: Django's adapt_datetimefield_value, which on a UTC connection is
+    # the naive UTC time's str(); written out here because Django's reads settings for every value.
+    adapt = _utc_text if connection.timezone is UTC else connection.ops.adapt_datetimefield_value
     return [adapt(v) if isinstance(v, datetime) else v for v in params]
+
+
+def _utc_text(value: datetime) -> str:
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return str(value)
 
 
 def _columns(model: type[models.Model], fields: dict[str, Any]) -> list[tuple[str, bool]]:

@@ -111,6 +111,11 @@ class Executor(ABC):
     async def wait_ready(self, sid: str, timeout: float) -> None:
         """Wait for setup. Raises SetupPending, SetupFailed or UnknownSession."""
 
+    def ready_now(self, sid: str) -> bool:
+        """True when the session is set up and its process alive, known without waiting (the
+        hot path's check before every call); False means "ask wait_ready"."""
+        return False
+
     @abstractmethod
     async def prompt(self, sid: str) -> list[dict]:
         """The task's prompt blocks, as wire dicts."""

@@ -156,6 +156,11 @@ class InlineExecutor(Executor):
         finally:
             live.ready.set()
 
+    def ready_now(self, sid: str) -> bool:
+        live = self._live.get(sid)
+        return (live is not None and live.ready.is_set() and live.error is None
+                and (live.worker is None or live.worker.alive))
+
     async def wait_ready(self, sid: str, timeout: float) -> None:
         live = self._live.get(sid)
         if live is None:

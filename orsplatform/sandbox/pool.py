@@ -57,6 +57,7 @@ SANDBOX_PYTHON_HOME = "/ors/python"  # the base interpreter's prefix
 SANDBOX_VENV = "/ors/venv"  # site-packages: the platform's virtualenv or the package's own
 SANDBOX_PYTHON = f"{SANDBOX_VENV}/bin/python"
 JANITOR_SECONDS = 0.5
+DEADLINE_TICK = 0.05  # how often a worker with requests in flight checks their deadlines (s)
 # A busy worker (ORS_SANDBOX_BUSY_CPU) gets its weight back once it has used less than that share
 # of a CPU for this long (a burn with short pauses between its calls stays demoted).
 CALM_SECONDS = 1.0
@@ -361,6 +362,8 @@ class Worker:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._overdue: dict[int, float] = {}  # request id -> when the worker is killed for it
+        self._deadlines: dict[int, float] = {}  # request id -> when it times out (monotonic)
+        self._deadline_tick: asyncio.TimerHandle | None = None
         self._ready: asyncio.Future | None = None
         self._reader: asyncio.Task | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
@@ -478,7 +481,24 @@ class Worker:
             self.kill("it sent a message that answers no request", fault=True)
             raise _Stop
         self._overdue.pop(request_id, None)
+        self._deadlines.pop(request_id, None)
         return future
+
+    def _expire(self) -> None:
+        """Time out the requests past their deadline. Their answer may still come (the tool finishes
+        late); if it does not within the grace period, the worker is killed (janitor, `overdue`), so
+        a stuck thread cannot hold a node forever. The id stays pending until that late answer."""
+        self._deadline_tick = None
+        now = time.monotonic()
+        expired = [rid for rid, at in self._deadlines.items() if at <= now]
+        for rid in expired:
+            del self._deadlines[rid]
+            future = self._pending.get(rid)
+            if future is not None and not future.done():
+                self._overdue[rid] = now + self.config.grace_seconds
+                future.set_exception(CallTimedOut())
+        if self._deadlines and self.dead is None:
+            self._deadline_tick = asyncio.get_running_loop().call_later(DEADLINE_TICK, self._expire)
 
     def _write(self, frame: bytes, lazy: bool) -> None:
         self._out.append(frame)
@@ -529,6 +549,7 @@ class Worker:
                 future.set_exception(WorkerGone(self.dead))
         self._pending.clear()
         self._overdue.clear()
+        self._deadlines.clear()
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(WorkerGone(self.dead))
             self._ready.exception()  # retrieved: spawn() reports it
@@ -631,18 +652,14 @@ class Worker:
             self._pending.pop(request_id, None)
             raise WorkerGone(self.dead or f"The environment {self.label} stopped.")
         self._write(HEADER.pack(len(body)) + body, lazy)
+        if timeout is not None:
+            # A deadline checked by one ticking timer per worker (_expire), not a timeout scope and
+            # a shield per request: thousands of calls a second each paid for a timer and two futures.
+            self._deadlines[request_id] = time.monotonic() + timeout
+            if self._deadline_tick is None:
+                self._deadline_tick = asyncio.get_running_loop().call_later(DEADLINE_TICK, self._expire)
         try:
-            if timeout is None:
-                reply = await future
-            else:
-                async with asyncio.timeout(timeout):
-                    reply = await asyncio.shield(future)
-        except TimeoutError:
-            # The answer may still come (the tool finishes late); if it does not within the grace
-            # period, the worker is killed (janitor), so a stuck thread cannot hold a node forever.
-            self._overdue[request_id] = time.monotonic() + self.config.grace_seconds
-            future.add_done_callback(_consume)
-            raise CallTimedOut() from None
+            reply = await future
         except asyncio.CancelledError:
             # The id stays pending (its future done) until the reply comes: a late reply is then
             # dropped, not taken for a message that answers no request.

@@ -24,16 +24,18 @@ this worker (the supervisor kills it once a call outlives its timeout by the gra
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import importlib
 import inspect
 import os
+import queue
 import signal
 import struct
 import sys
 import threading
 import types
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,84 @@ def _quiet_openreward_logs() -> None:
         pass  # another SDK release: its INFO lines go to stderr, nothing worse
 
 
+class ToolThreads(concurrent.futures.ThreadPoolExecutor):
+    """The worker's threads for sync environment code: up to ORS_TOOL_THREADS, started as needed.
+
+    `run` is Host.run's hop, leaner than ``run_in_executor``: no concurrent Future chained to an
+    asyncio one per call, and the answers of calls that finish close together wake the event loop
+    once (profiled, the executor's machinery was the biggest part of a small sync tool's cost in
+    the worker). `submit` is the executor API, for ``asyncio.to_thread`` (the openreward SDK's sync
+    tools): the same threads, so the limit is one for both. A ThreadPoolExecutor by type only, as
+    ``loop.set_default_executor`` requires; none of its own machinery is used."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(max_workers=max(1, size))
+        self._size = max(1, size)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._guard = threading.Lock()
+        self._waiting = threading.Semaphore(0)  # one release per thread waiting for work
+        self._started = 0
+        self._done: list[tuple[asyncio.Future, bool, Any]] = []
+        self._waking = False
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._put((None, future, functools.partial(fn, **kwargs) if kwargs else fn, args))
+        return future
+
+    def run(self, loop: asyncio.AbstractEventLoop, fn: Any, args: tuple) -> asyncio.Future:
+        future = loop.create_future()
+        self._put((loop, future, fn, args))
+        return future
+
+    def _put(self, item: tuple) -> None:
+        self._jobs.put(item)
+        if self._waiting.acquire(blocking=False):
+            return  # a waiting thread takes it
+        with self._guard:
+            if self._started >= self._size:
+                return  # every thread is busy: it waits its turn
+            self._started += 1
+            n = self._started
+        threading.Thread(target=self._serve, name=f"ors-env_{n}", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            loop, future, fn, args = self._jobs.get()
+            if loop is None:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(*args))
+                    except BaseException as exc:  # environment code may raise anything
+                        future.set_exception(exc)
+            else:
+                try:
+                    done = (future, True, fn(*args))
+                except BaseException as exc:  # handed to the awaiting call (SystemExit included)
+                    done = (future, False, exc)
+                with self._guard:
+                    self._done.append(done)
+                    wake, self._waking = not self._waking, True
+                if wake:
+                    with contextlib.suppress(RuntimeError):  # the loop closed: the worker is ending
+                        loop.call_soon_threadsafe(self._deliver)
+            del loop, future, fn, args
+            self._waiting.release()
+
+    def _deliver(self) -> None:
+        with self._guard:
+            done, self._done, self._waking = self._done, [], False
+        for future, ok, value in done:
+            if future.done():  # its call was cancelled
+                continue
+            if ok:
+                future.set_result(value)
+            elif isinstance(value, StopIteration):  # a Future refuses it (it would end a generator)
+                future.set_exception(RuntimeError(f"StopIteration: {value}"))
+            else:
+                future.set_exception(value)
+
+
 class Host:
     """The environment instances of this worker, by session id."""
 
@@ -136,12 +216,13 @@ class Host:
         self.Environment = Environment
         self.package_dir = package_dir
         openenv_host().NoWebInterface.install()  # before the package imports openenv, if it does
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ors-env")
+        self.pool = ToolThreads(threads)
         self.live: dict[str, _Live] = {}
         self._cls: dict[str, type] = {}
         # A tool function -> (is it a tool, its input model): the SDK's checks (signature, type
         # hints) cost more than a small tool itself, and give the same answer for the same function.
         self._tools: dict[Any, tuple[bool, Any]] = {}
+        self._coroutines: dict[Any, bool] = {}
         self._declarations: dict[str, Any] = {}  # OpenEnv classes' declarations, by entrypoint
         self._idle: Any = None  # OpenEnv instances kept between episodes (openenv_host.Idle)
         self._lock = threading.Lock()
@@ -202,14 +283,28 @@ class Host:
     async def run(self, fn, *args) -> Any:
         """Run an environment method: coroutine functions on the loop, the rest in the pool."""
         try:
-            if inspect.iscoroutinefunction(inspect.unwrap(fn)):
+            if self._is_coroutine(fn):
                 return await fn(*args)
-            result = await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+            result = await self.pool.run(asyncio.get_running_loop(), fn, args)
             if inspect.isawaitable(result):
                 result = await result
             return result
         except SystemExit as exc:
             raise EnvironmentExit(f"SystemExit({exc.code!r})") from None
+
+    def _is_coroutine(self, fn: Any) -> bool:
+        """Is `fn` a coroutine function (through its wrappers), looked up once per function."""
+        func = getattr(fn, "__func__", fn)
+        try:
+            known = self._coroutines.get(func)
+        except TypeError:  # an unhashable callable: asked each time
+            return inspect.iscoroutinefunction(inspect.unwrap(fn))
+        if known is None:
+            known = inspect.iscoroutinefunction(inspect.unwrap(fn))
+            if len(self._coroutines) >= 4096:  # functions made per call would otherwise grow it
+                self._coroutines.clear()
+            self._coroutines[func] = known
+        return known
 
     def _instance(self, sid: str) -> _Live:
         live = self.live.get(sid)
