@@ -129,6 +129,23 @@ def _quiet_openreward_logs() -> None:
         pass  # another SDK release: its INFO lines go to stderr, nothing worse
 
 
+def _per_function(cache: dict, fn: Any, compute: Any) -> Any:
+    """`compute(fn)`, kept per function (a bound method's function): the same function gives the
+    same answer. An unhashable callable is asked each time; the cache is emptied past 4096 entries,
+    so functions made per call cannot grow it."""
+    func = getattr(fn, "__func__", fn)
+    try:
+        known = cache.get(func)
+    except TypeError:
+        return compute(fn)
+    if known is None:
+        known = compute(fn)
+        if len(cache) >= 4096:
+            cache.clear()
+        cache[func] = known
+    return known
+
+
 class ToolThreads(concurrent.futures.ThreadPoolExecutor):
     """The worker's threads for sync environment code: up to ORS_TOOL_THREADS, started as needed.
 
@@ -294,17 +311,7 @@ class Host:
 
     def _is_coroutine(self, fn: Any) -> bool:
         """Is `fn` a coroutine function (through its wrappers), looked up once per function."""
-        func = getattr(fn, "__func__", fn)
-        try:
-            known = self._coroutines.get(func)
-        except TypeError:  # an unhashable callable: asked each time
-            return inspect.iscoroutinefunction(inspect.unwrap(fn))
-        if known is None:
-            known = inspect.iscoroutinefunction(inspect.unwrap(fn))
-            if len(self._coroutines) >= 4096:  # functions made per call would otherwise grow it
-                self._coroutines.clear()
-            self._coroutines[func] = known
-        return known
+        return _per_function(self._coroutines, fn, lambda f: inspect.iscoroutinefunction(inspect.unwrap(f)))
 
     def _instance(self, sid: str) -> _Live:
         live = self.live.get(sid)
@@ -410,25 +417,15 @@ class Host:
 
     def _tool(self, fn: Any) -> tuple[bool, Any]:
         """(is `fn` a tool, its input model or None), looked up once per function."""
+        return _per_function(self._tools, fn, self._tool_facts)
+
+    def _tool_facts(self, fn: Any) -> tuple[bool, Any]:
         from ors.environment import _introspect_tool
 
-        func = getattr(fn, "__func__", fn)
-        try:
-            known = self._tools.get(func)
-        except TypeError:  # an unhashable callable: asked each time
-            func, known = None, None
-        if known is None:
-            is_tool = self.Environment._is_tool(fn)
-            model = None
-            if is_tool:
-                _, hints, params = _introspect_tool(fn)
-                model = hints[params[0].name] if params else None
-            known = (is_tool, model)
-            if func is not None:
-                if len(self._tools) >= 4096:  # functions made per call would otherwise grow it
-                    self._tools.clear()
-                self._tools[func] = known
-        return known
+        if not self.Environment._is_tool(fn):
+            return False, None
+        _, hints, params = _introspect_tool(fn)
+        return True, hints[params[0].name] if params else None
 
     async def _dispatch(self, instance: Any, name: str, tool_input: dict) -> dict:
         from ors import ToolOutput
