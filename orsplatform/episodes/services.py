@@ -221,6 +221,10 @@ def open_session_runners() -> list[str]:
                 .values_list("runner", flat=True).distinct())
 
 
+def sessions_open_on(*, runner: str) -> bool:
+    return Session.objects.filter(runner=runner, status__in=OPEN).exists()
+
+
 def sessions_mark_lost(*, runner: str, limit: int) -> list[tuple[str, int]]:
     """A runner's heartbeat stopped: its open sessions are lost and their running calls end with an
     error. Returns the (sid, team id) of those marked (a full batch means: call again)."""

@@ -6,11 +6,13 @@ less (a restarted Redis loses every heartbeat at once) loses nothing."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from types import SimpleNamespace
 
 import pytest
 import redis
+from django.db import connection
 
 from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.episodes import services
@@ -82,3 +84,64 @@ def test_another_start_of_the_node_under_its_name_loses_the_old_starts_sessions_
     assert (status(old), status(new)) == ("lost", "creating")
     # The lost session's slot is free at once, not when a gateway's lease on it lapses.
     assert [m.decode() for m in beat.redis.zrange(slots, 0, -1)] == [new]
+
+
+@pytest.fixture
+def row_writer():
+    """Another connection holding a session row's lock for `seconds`, as a gateway's write does."""
+    import threading
+
+    from django.db import transaction
+
+    threads = []
+
+    def hold(sid: str, seconds: float) -> None:
+        locked = threading.Event()
+
+        def run() -> None:
+            try:
+                with transaction.atomic():
+                    # A write: a row lock on PostgreSQL, the one writer's lock on SQLite.
+                    Session.objects.filter(sid=sid).update(error="")
+                    locked.set()
+                    time.sleep(seconds)  # the writer's statement, drawn out
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        threads.append(thread)
+        assert locked.wait(10), "the writer took the row's lock"
+
+    yield hold
+    for thread in threads:
+        thread.join(30)
+
+
+def test_a_lost_runners_session_that_a_writer_holds_is_marked_in_the_same_pass_once_released(
+        beat, open_session_on, row_writer):
+    old = runner_identity("node@e", "first")
+    held, free = open_session_on(old), open_session_on(old)
+    beats(beat, "node@e", "second")  # another start of the node: lost at once
+    row_writer(held, 0.3)
+    assert fail_lost_runners() == 2
+    assert (status(held), status(free)) == ("lost", "lost")
+
+
+def test_a_row_held_past_the_wait_is_left_for_the_next_beat_rather_than_holding_this_one(
+        beat, open_session_on, row_writer, monkeypatch):
+    monkeypatch.setattr("orsplatform.executors.tasks.LOCKED_ROWS_WAIT", 0.2)
+    old = runner_identity("node@f", "first")
+    held, free = open_session_on(old), open_session_on(old)
+    beats(beat, "node@f", "second")
+    row_writer(held, 1.5)
+    if connection.vendor != "postgresql":  # SQLite locks the database, not rows: the beat waits its turn
+        assert fail_lost_runners() == 2
+        assert (status(held), status(free)) == ("lost", "lost")
+        return
+    started = time.monotonic()
+    assert fail_lost_runners() == 1
+    assert time.monotonic() - started < 1.2
+    assert (status(held), status(free)) == ("creating", "lost")
+    wait_until(lambda: fail_lost_runners() == 1, 10, "the held row marked once its writer let go")
+    assert status(held) == "lost"
