@@ -44,7 +44,7 @@ try:  # run as a script (bench/ on sys.path) or imported as bench.hold_ors
         tree_cpu_seconds,
     )
     from lean_http import LeanConnection, sse_events
-    from loadgen import install_fast_loop, percentile
+    from loadgen import collector_off, install_fast_loop, percentile
 except ImportError:  # pragma: no cover
     from bench.compare import (
         SetupError,
@@ -57,7 +57,7 @@ except ImportError:  # pragma: no cover
         tree_cpu_seconds,
     )
     from bench.lean_http import LeanConnection, sse_events
-    from bench.loadgen import install_fast_loop, percentile
+    from bench.loadgen import collector_off, install_fast_loop, percentile
 
 ENV = "wordle"
 TEST_TASKS = 80  # wordle's test split
@@ -186,17 +186,14 @@ async def hold(base_url: str, api_key: str, args: argparse.Namespace, server_pid
     tasks = [asyncio.create_task(session(k)) for k in range(args.hold)]
     await opened.wait()
     open_s = time.monotonic() - t0
-    # The load generator's held sessions are frozen (see openenv_compare.py: its own full
-    # collections would otherwise stall every request it times).
-    gc.collect()
-    gc.freeze()
     window["start"] = time.monotonic()
     window["stop"] = window["start"] + args.duration
     print(f"   all {args.hold} sessions opened in {open_s:.1f}s ({stats['open_failed']} failed); holding", flush=True)
     cpu0 = time.process_time()
     # The server's CPU while held, per call (pings included): see openenv_compare.py.
     held_cpu0 = tree_cpu_seconds(server_pid) if server_pid else float("nan")
-    await asyncio.gather(*tasks)
+    with collector_off():  # the generator's own collections would stall every request it times
+        await asyncio.gather(*tasks)
     held_cpu = (tree_cpu_seconds(server_pid) if server_pid else float("nan")) - held_cpu0
     slices: dict[int, list[float]] = {}
     for t, latency in stats["timeline"]:

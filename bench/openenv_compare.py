@@ -84,8 +84,10 @@ from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
 try:
     from lean_ws import LeanSocket
+    from loadgen import collector_off
 except ImportError:  # pragma: no cover
     from bench.lean_ws import LeanSocket
+    from bench.loadgen import collector_off
 
 
 class _HeldClient:
@@ -415,16 +417,13 @@ async def _hold_main(url: str, headers: dict[str, str], args: argparse.Namespace
     tasks = [asyncio.create_task(one(k)) for k in range(args.hold)]
     await opened.wait()
     open_s = time.monotonic() - t0
-    # The load generator's own held clients are frozen too: its full collections would otherwise
-    # stall every socket's step as the server's did (a benchmark process; nothing it holds leaks).
-    gc.collect()
-    gc.freeze()
     window["stop"] = time.monotonic() + args.duration
     print(f"   all {args.hold} sockets opened and reset in {open_s:.1f}s; holding", flush=True)
     # The server's CPU (its sandbox workers included) while held: per step, a figure the load of
     # other work on the machine barely moves, unlike the latencies.
     held_cpu0 = tree_cpu_seconds(server_pid) if server_pid else float("nan")
-    await asyncio.gather(*tasks)
+    with collector_off():  # the generator's own collections would stall every socket's step
+        await asyncio.gather(*tasks)
     held_cpu = (tree_cpu_seconds(server_pid) if server_pid else float("nan")) - held_cpu0
     lat = stats.pop("latencies")
     step_max = max(lat) * 1000 if lat else float("nan")

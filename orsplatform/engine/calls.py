@@ -46,7 +46,9 @@ class CallRunner:
     def start(self, live: LiveSession, name: str, tool_input: dict, *, lingers: bool = True) -> CallEntry:
         entry = CallEntry(task_id=call_id(), lingers=lingers)
         live.calls[entry.task_id] = entry
-        entry.task = self.spawn(self._run(live, entry, name, tool_input))
+        # The gateway's set of background tasks holds the task; the entry does not (a finished
+        # task, its coroutine and context would linger with the result: CallEntry.settle).
+        self.spawn(self._run(live, entry, name, tool_input))
         return entry
 
     def expire(self, now: float, linger: float) -> None:
@@ -100,9 +102,10 @@ class CallRunner:
             live.touch()
             if entry.lingers:
                 self.lingering.append((entry.finished_at, live.calls, entry.task_id))
+                entry.settle()  # wakes its stream, then keeps only the JSON
             else:
                 live.calls.pop(entry.task_id, None)
-            entry.done.set()
+                entry.done.set()
         if recorded:
             # After the stream is woken: the client does not wait for this clean-up.
             try:
@@ -150,7 +153,7 @@ class CallRunner:
                 return None
             # Still running, started on another gateway: wait for the runner's result like it does.
             entry = CallEntry(task_id=task_id)
-            entry.task = self.spawn(self._follow(live, entry))
+            self.spawn(self._follow(live, entry))
             return entry
         status, result, error = row
         entry = CallEntry(task_id=task_id)

@@ -17,7 +17,17 @@ from orsplatform.episodes.services import SessionTotals
 from orsplatform.executors.executor import RunnerLost, UnknownSession, WorkerLost
 
 
-@dataclass
+def _finished_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()  # never waited on (wait() returns at once), so it belongs to no event loop
+    return event
+
+
+# What every settled call's `done` becomes (CallEntry.settle).
+FINISHED = _finished_event()
+
+
+@dataclass(slots=True)
 class CallEntry:
     task_id: str
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -25,19 +35,31 @@ class CallEntry:
     result: dict | None = None
     exception: str | None = None  # set instead when the environment's code raised
     finished_at: float | None = None
-    task: asyncio.Task | None = None
     # Kept ORS_RESULT_LINGER_SECONDS after it finishes, for a reconnect by task id (ORS streams);
     # a call its face awaits whole (OpenEnv, evaluations) has none and goes when it finishes.
     lingers: bool = True
     # The result's JSON when the gateway already made it (checking that the result can be stored
     # and sent, calls.py): a face whose wire carries the result as plain JSON (ORS) sends these
-    # bytes instead of encoding the same dict again. Never the only copy: ``result`` is.
+    # bytes instead of encoding the same dict again. Once the call is settled, the only copy.
     encoded: bytes | None = field(default=None, repr=False)
+
+    def settle(self) -> None:
+        """A finished call that lingers keeps only what a reconnect reads: its JSON (bytes, which
+        the garbage collector does not track) or its error. Its own Event (with its waiter queue)
+        and the result's dicts and lists would be a dozen tracked objects a call; with 100,000
+        calls lingering (820 calls/s for 120 s) every collection walked them, and a young one took
+        100-200 ms of the event loop holding 16,384 ORS sessions (docs/many-sockets.md)."""
+        self.done.set()
+        self.done = FINISHED
+        if self.encoded is not None:
+            self.result = None
 
     def outcome(self) -> tuple[dict | None, str | None]:
         """(the result, None) or (None, the error) of a finished call."""
         if self.exception is not None:
             return None, self.exception
+        if self.result is None and self.encoded is not None:
+            return orjson.loads(self.encoded), None  # a settled call, read again (a reconnect)
         return self.result, None
 
     def result_json(self) -> bytes:

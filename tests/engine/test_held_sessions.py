@@ -4,12 +4,15 @@ session is renewed in one command per team."""
 
 from __future__ import annotations
 
+import gc
 import time
 
+import orjson
 import pytest
 import redis
 from django.conf import settings
 
+from orsplatform.engine.live import FINISHED
 from orsplatform.engine.limits import SLOT_LEASE_SECONDS, Limits
 from orsplatform.executors.keys import Keys
 from orsplatform.teams.auth import Access
@@ -30,6 +33,22 @@ async def test_a_call_awaited_whole_is_not_kept_once_finished_but_a_streamed_one
     streamed = await client.post("/math/call", headers=sid_headers(owner, sid), json={"name": "submit", "input": {"answer": "no"}})
     task_id = parse_sse(streamed.text)[0][1]
     assert list(live.calls) == [task_id]  # an ORS stream's result is kept for a reconnect
+
+
+async def test_a_lingering_result_is_kept_as_its_json_alone_and_a_reconnect_still_reads_it(client, owner, ors_app):
+    sid = await start_episode(client, owner.headers, split="test", index=0)
+    r = await client.post("/math/call", headers=sid_headers(owner, sid), json={"name": "submit", "input": {"answer": "no"}})
+    task_id = parse_sse(r.text)[0][1]
+    entry = ors_app.gateway.sessions[sid].calls[task_id]
+    # What the collector would walk per lingering call: the entry itself (slots, no __dict__),
+    # and no result dicts, task or per-call Event (a shared, already-set one instead).
+    assert not hasattr(entry, "__dict__") and entry.result is None and isinstance(entry.encoded, bytes)
+    assert entry.done is FINISHED and not gc.get_referents(entry.encoded)
+    assert [o for o in gc.get_referents(entry) if gc.is_tracked(o) and o not in (FINISHED, type(entry))] == []
+    result, error = entry.outcome()
+    assert error is None and result["ok"] is True and orjson.dumps(result) == entry.encoded
+    again = await client.post("/math/call", headers=sid_headers(owner, sid), json={"task_id": task_id})
+    assert parse_sse(again.text) == parse_sse(r.text)  # the reconnect by task id answers the same events
 
 
 async def test_the_reaper_expires_lingering_results_oldest_first(client, owner, member, ors_app, settings):
