@@ -12,8 +12,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from orsplatform.engine.live import FINISHED
 from orsplatform.engine.limits import SLOT_LEASE_SECONDS, Limits
+from orsplatform.engine.live import FINISHED
 from orsplatform.executors.keys import Keys
 from orsplatform.teams.auth import Access
 from tests.fixtures.ors import parse_sse, start_episode

@@ -34,8 +34,8 @@ def screenshot(driver, name: str) -> None:
     analytics_browser.screenshot(driver, name)
 
 
-def test_a_user_launches_a_run_watches_it_and_reads_the_leaderboard(  # noqa: F811
-        owner, agents, server_factory, browser, embedded_worker):
+def test_a_user_launches_a_run_watches_it_and_reads_the_leaderboard(
+        owner, agents, server_factory, browser, embedded_worker):  # noqa: F811 (the fixture imported above)
     register(owner, agents, "solver", "delta")
     user = get_user_model().objects.get(username=owner.username)
     user.set_password(PASSWORD)
