@@ -6,13 +6,14 @@ less (a restarted Redis loses every heartbeat at once) loses nothing."""
 from __future__ import annotations
 
 import json
-import time
+import threading
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 import redis
-from django.db import connection
+from django.db import connection, transaction
 
 from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.episodes import services
@@ -88,34 +89,42 @@ def test_another_start_of_the_node_under_its_name_loses_the_old_starts_sessions_
 
 @pytest.fixture
 def row_writer():
-    """Another connection holding a session row's lock for `seconds`, as a gateway's write does."""
-    import threading
+    """Another connection holding a session row's lock until the test releases it, as a gateway's
+    write does (a row lock on PostgreSQL, the one writer's lock on SQLite)."""
+    held: list[tuple[threading.Event, threading.Thread]] = []
 
-    from django.db import transaction
-
-    threads = []
-
-    def hold(sid: str, seconds: float) -> None:
-        locked = threading.Event()
+    def hold(sid: str) -> threading.Event:
+        locked, release = threading.Event(), threading.Event()
 
         def run() -> None:
             try:
                 with transaction.atomic():
-                    # A write: a row lock on PostgreSQL, the one writer's lock on SQLite.
                     Session.objects.filter(sid=sid).update(error="")
                     locked.set()
-                    time.sleep(seconds)  # the writer's statement, drawn out
+                    release.wait(30)
             finally:
                 connection.close()
 
         thread = threading.Thread(target=run)
         thread.start()
-        threads.append(thread)
+        held.append((release, thread))
         assert locked.wait(10), "the writer took the row's lock"
+        return release
 
     yield hold
-    for thread in threads:
+    for release, thread in held:
+        release.set()
         thread.join(30)
+
+
+def beat_in_thread(pool: ThreadPoolExecutor) -> Future:
+    def run() -> int:
+        try:
+            return fail_lost_runners()
+        finally:
+            connection.close()
+
+    return pool.submit(run)
 
 
 def test_a_lost_runners_session_that_a_writer_holds_is_marked_in_the_same_pass_once_released(
@@ -123,8 +132,15 @@ def test_a_lost_runners_session_that_a_writer_holds_is_marked_in_the_same_pass_o
     old = runner_identity("node@e", "first")
     held, free = open_session_on(old), open_session_on(old)
     beats(beat, "node@e", "second")  # another start of the node: lost at once
-    row_writer(held, 0.3)
-    assert fail_lost_runners() == 2
+    release = row_writer(held)
+    with ThreadPoolExecutor(1) as pool:
+        marked = beat_in_thread(pool)
+        if connection.vendor == "postgresql":
+            # The first pass marks the free row and skips the held one; then the writer lets go.
+            wait_until(lambda: status(free) == "lost", 10, "the beat's first pass")
+            assert status(held) == "creating"
+        release.set()  # (SQLite: the beat waits for the one writer meanwhile)
+        assert marked.result(timeout=30) == 2
     assert (status(held), status(free)) == ("lost", "lost")
 
 
@@ -134,14 +150,16 @@ def test_a_row_held_past_the_wait_is_left_for_the_next_beat_rather_than_holding_
     old = runner_identity("node@f", "first")
     held, free = open_session_on(old), open_session_on(old)
     beats(beat, "node@f", "second")
-    row_writer(held, 1.5)
+    release = row_writer(held)
     if connection.vendor != "postgresql":  # SQLite locks the database, not rows: the beat waits its turn
-        assert fail_lost_runners() == 2
+        with ThreadPoolExecutor(1) as pool:
+            marked = beat_in_thread(pool)
+            release.set()
+            assert marked.result(timeout=30) == 2
         assert (status(held), status(free)) == ("lost", "lost")
         return
-    started = time.monotonic()
-    assert fail_lost_runners() == 1
-    assert time.monotonic() - started < 1.2
+    assert fail_lost_runners() == 1  # returns while the row is still held
     assert (status(held), status(free)) == ("creating", "lost")
+    release.set()
     wait_until(lambda: fail_lost_runners() == 1, 10, "the held row marked once its writer let go")
     assert status(held) == "lost"
