@@ -18,6 +18,11 @@ import asyncio
 import time
 from urllib.parse import urlsplit
 
+try:  # run as a script (bench/ on sys.path) or imported as bench.lean_http
+    from loadgen import SseParser
+except ImportError:  # pragma: no cover
+    from bench.loadgen import SseParser
+
 import httptools
 
 
@@ -126,18 +131,8 @@ class LeanConnection:
 
 def sse_events(body: bytes) -> list[tuple[str, str]]:
     """(event, data) pairs of a whole SSE body; comment lines (``: ping``) are skipped."""
-    events: list[tuple[str, str]] = []
-    for block in body.decode().replace("\r\n", "\n").split("\n\n"):
-        event, data = "", []
-        for line in block.split("\n"):
-            if not line or line.startswith(":"):
-                continue
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
-        if event or data:
-            events.append((event or "message", "\n".join(data)))
+    parser = SseParser()
+    events = [e for line in body.decode().replace("\r\n", "\n").split("\n") if (e := parser.line(line)) is not None]
+    if (last := parser.end()) is not None:
+        events.append(last)
     return events

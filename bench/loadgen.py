@@ -221,26 +221,41 @@ def _transport_error(endpoint: str, exc: BaseException) -> EpisodeError:
     return EpisodeError(endpoint, kind, f"{type(exc).__name__}: {exc}")
 
 
-async def iter_sse(stream: aiohttp.StreamReader) -> AsyncIterator[tuple[str, str]]:
-    """Minimal SSE parser: yields (event, data); comment lines (`: ping`) are skipped."""
-    event, data = "", []
-    async for raw in stream:
-        line = raw.decode().rstrip("\r\n")
+class SseParser:
+    """Server-sent events, a line at a time: ``line`` returns (event, data) when a blank line ends
+    an event; comment lines (``: ping``) are skipped. ``end`` returns an event the stream closed on
+    without its trailing blank line."""
+
+    def __init__(self) -> None:
+        self.event, self.data = "", []
+
+    def line(self, line: str) -> tuple[str, str] | None:
         if not line:
-            if event or data:
-                yield event or "message", "\n".join(data)
-            event, data = "", []
-            continue
+            return self.end()
         if line.startswith(":"):
-            continue
+            return None
         name, _, value = line.partition(":")
         value = value[1:] if value.startswith(" ") else value
         if name == "event":
-            event = value
+            self.event = value
         elif name == "data":
-            data.append(value)
-    if event or data:  # a server that closes without the trailing blank line
-        yield event or "message", "\n".join(data)
+            self.data.append(value)
+        return None
+
+    def end(self) -> tuple[str, str] | None:
+        done = (self.event or "message", "\n".join(self.data)) if self.event or self.data else None
+        self.event, self.data = "", []
+        return done
+
+
+async def iter_sse(stream: aiohttp.StreamReader) -> AsyncIterator[tuple[str, str]]:
+    """(event, data) pairs of a streamed SSE answer, as they arrive."""
+    parser = SseParser()
+    async for raw in stream:
+        if (event := parser.line(raw.decode().rstrip("\r\n"))) is not None:
+            yield event
+    if (event := parser.end()) is not None:
+        yield event
 
 
 async def run_episode(client: OrsClient, task: PlannedTask, open_sids: set[str]) -> None:
