@@ -46,7 +46,7 @@ from packaging.utils import canonicalize_name
 from orsplatform.catalog import sdists
 from orsplatform.catalog.requirements import platform_pins
 from orsplatform.executors import inspection
-from orsplatform.sandbox import untrusted_files
+from orsplatform.sandbox import untrusted_files, users
 from orsplatform.sandbox.config import Limits, SandboxConfig
 from orsplatform.sandbox.pool import RUNTIME_SUFFIX, sandboxed
 
@@ -243,8 +243,10 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path 
         # runs in here (wheels only), never a package's code.
         root = settings.ORS_PYENV_DIR
         all_binds = ["--bind", str(root), str(root), "--ro-bind", str(BUILD_SCRIPT), SANDBOX_BUILD_SCRIPT]
+        writable = [str(root)]
         if not cache.resolve().is_relative_to(root.resolve()):
             all_binds += ["--bind", str(cache), str(cache)]
+            writable.append(str(cache))
     else:
         # A package's own build code runs here: it sees its folder and nothing of the platform's
         # (no shared cache, no environments), and its cache is thrown away with the sandbox's /tmp.
@@ -252,6 +254,7 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path 
         env.update(UV_CACHE_DIR="/tmp/uv-cache", UV_LINK_MODE="copy")
         # At a neutral path: not even the environments' folder's name is in there.
         all_binds = ["--bind", str(private), SANDBOX_SOURCE_BUILD, "--ro-bind", str(BUILD_SCRIPT), SANDBOX_BUILD_SCRIPT]
+        writable = [str(private)]
         if config.isolated:
             commands = [[a.replace(str(private), SANDBOX_SOURCE_BUILD) for a in argv] for argv in commands]
             cgroup = WorkerCgroup.create(memory_bytes=limits.memory_bytes, processes=limits.processes,
@@ -262,8 +265,11 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path 
     inside = f"{SANDBOX_SOURCE_BUILD}/registry.sock" if private is not None else str(socket_path)
     argv = [_base_python(), "-I", SANDBOX_BUILD_SCRIPT, inside, json.dumps(commands)]
     if config.isolated:  # uv guards its caches with locks
+        # Never as root: the installer as the range's fixed uid, a package's build code as one of
+        # its own; each given the folders it writes (sandbox/users.py).
         cmd = sandboxed(config, limits, all_binds, argv, env, locks=True, cgroup=cgroup,
-                        chdir=SANDBOX_SOURCE_BUILD if private is not None else "/tmp")
+                        chdir=SANDBOX_SOURCE_BUILD if private is not None else "/tmp", owned=writable,
+                        host_uid=None if private is not None else users.INSTALLER_UID)
     else:  # ORS_SANDBOX=none: tenants are not isolated anyway; the installer runs as it is
         cmd = [sys.executable, "-I", str(BUILD_SCRIPT), str(socket_path), json.dumps(commands)]
         if private is not None:

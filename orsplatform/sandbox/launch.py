@@ -5,13 +5,15 @@ the build sandbox). In this order, before anything of the tenant exists:
 
 1. joins the worker's cgroups (so bubblewrap and everything it forks is counted from the start);
 2. dies with its supervisor (PR_SET_PDEATHSIG; bubblewrap's --die-with-parent carries it on);
-3. sets the rlimits;
-4. hands bubblewrap its options, the syscall filter and generated files through memfds
+3. when run as root, makes the sandbox's user namespace: the sandbox's user is an unused host uid
+   of its own, never the host's root (users.py), and gives it the folders it may write;
+4. sets the rlimits;
+5. hands bubblewrap its options, the syscall filter and generated files through memfds
    (``--args FD``, ``--seccomp FD``, ``--ro-bind-data FD``), so /proc/1/cmdline inside the sandbox
    names no host path, and the files to copy into the sandbox as open descriptors (``--file FD``);
-5. closes every other descriptor it inherited (an event loop such as uvloop passes inheritable
+6. closes every other descriptor it inherited (an event loop such as uvloop passes inheritable
    descriptors on even with close_fds=True; a listening socket must never reach tenant code);
-6. execs bubblewrap.
+7. execs bubblewrap.
 
 Standard library only, and nothing imported that -S leaves out: it starts once per worker.
 """
@@ -22,10 +24,77 @@ import base64
 import json
 import os
 import resource
+import stat
 import sys
 
 PR_SET_PDEATHSIG = 1
 SIGKILL = 9
+CLONE_NEWUSER = 0x10000000
+
+
+def _user_namespace(user: dict) -> int:
+    """A user namespace mapping its root to the host's (bubblewrap mounts as it) and
+    ``user["inside"]`` to the unused host uid ``user["base"]`` + this pid (the sandbox's, which
+    bubblewrap keeps), with no nested user namespaces allowed in it; its descriptor, for
+    bubblewrap's --userns. A child makes it (a process cannot map others' ids into its own), this
+    process writes the maps, and the child goes: the descriptor keeps the namespace."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    host = user.get("host") or user["base"] + os.getpid()
+    made_r, made_w = os.pipe()
+    done_r, done_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(made_r)
+            os.close(done_w)
+            if libc.unshare(CLONE_NEWUSER) != 0:
+                os._exit(1)
+            os.write(made_w, b"1")
+            os.read(done_r, 1)  # the maps are written: cap nested namespaces in this one
+            with open("/proc/sys/user/max_user_namespaces", "w") as f:
+                f.write("0")
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    os.close(made_w)
+    os.close(done_r)
+    try:
+        if os.read(made_r, 1) != b"1":
+            raise OSError("could not make the sandbox's user namespace")
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{child}/{name}", "w") as f:
+                f.write(f"0 0 1\n{user['inside']} {host} 1\n")
+        fd = os.open(f"/proc/{child}/ns/user", os.O_RDONLY)
+        os.write(done_w, b"1")
+    finally:
+        os.close(made_r)
+        os.close(done_w)
+        _, status = os.waitpid(child, 0)
+    if status != 0:
+        os.close(fd)
+        raise OSError("could not cap user namespaces in the sandbox's")
+    for path in user.get("owned", ()):
+        _own(path, host)
+    return fd
+
+
+def _own(top: str, uid: int) -> None:
+    """The build sandbox's writable folder, given to its host uid: what is not its already (never
+    following a link). Its folders stay searchable by others: the next sandbox's bubblewrap binds
+    from them as a root whose rights end at files of uids its namespace maps."""
+    def give(path: str) -> None:
+        st = os.lstat(path)
+        if st.st_uid != uid or st.st_gid != uid:
+            os.chown(path, uid, uid, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o005 != 0o005:
+            os.chmod(path, stat.S_IMODE(st.st_mode) | 0o005)
+
+    give(top)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in [*dirnames, *filenames]:
+            give(os.path.join(dirpath, name))
 
 
 def _die_with_parent(parent: int) -> None:
@@ -75,6 +144,14 @@ def main() -> None:
         _die_with_parent(spec["parent"])
     keep = {0, 1, 2}
     options: list[str] = []
+    if spec.get("user"):
+        try:
+            fd = _user_namespace(spec["user"])
+        except OSError as exc:
+            print(f"could not make the sandbox's user namespace: {exc}", file=sys.stderr)
+            os._exit(126)
+        keep.add(fd)
+        options += ["--userns", str(fd)]
     if spec.get("seccomp"):
         fd = _memfd("seccomp", base64.b64decode(spec["seccomp"]))
         keep.add(fd)
@@ -82,7 +159,9 @@ def main() -> None:
     for dest, content in spec.get("files", ()):
         fd = _memfd("file", content.encode())
         keep.add(fd)
-        options += ["--ro-bind-data", str(fd), dest]
+        # Readable by the sandbox's user (bubblewrap's default, 0600, is its root's alone) and
+        # their parent folders with them (bubblewrap makes those from the file's mode).
+        options += ["--perms", "0444", "--ro-bind-data", str(fd), dest]
     # Copied into the sandbox's root (which is then remounted read-only): bubblewrap reads them
     # from these descriptors, so no mount names their host paths.
     for source, dest in spec.get("copies", ()):
@@ -92,7 +171,7 @@ def main() -> None:
             print(f"could not open a file of the package: {exc.strerror}", file=sys.stderr)
             os._exit(126)
         keep.add(fd)
-        options += ["--file", str(fd), dest]
+        options += ["--perms", "0555" if os.fstat(fd).st_mode & 0o111 else "0444", "--file", str(fd), dest]
     args = _memfd("args", b"".join(a.encode() + b"\0" for a in [*options, *spec["bwrap"][1:]]))
     keep.add(args)
     for fd in keep - {0, 1, 2}:

@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from orsplatform.sandbox import binding, seccomp
+from orsplatform.sandbox import binding, mount_parents, seccomp, users
 from orsplatform.sandbox.cgroups import WorkerCgroup, descendants, kill_strays
 from orsplatform.sandbox.config import Limits, SandboxConfig
 from orsplatform.sandbox.framing import PARSE_OFF_LOOP_BYTES, REPLY_ID, ChannelLimits, ReplyTooLarge
@@ -276,12 +276,15 @@ def _neutral_runtime(runtime: str | None) -> tuple[list[str], list[list[str]]] |
 def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: list[str],
               env: dict[str, str] | None = None, runtime: str | None = None, chdir: str = "/tmp", *,
               locks: bool = False, cgroup: WorkerCgroup | None = None,
-              copies: list[list[str]] | None = None) -> list[str]:
+              copies: list[list[str]] | None = None, owned: list[str] | None = None,
+              host_uid: int | None = None) -> list[str]:
     """argv run inside bubblewrap: own namespaces, read-only OS, Python and `binds`, a private /tmp
     and /dev/shm, an empty environment (but `env`), no network unless `limits` allow it, the
     syscall filter (seccomp.py; `locks` leaves file locks to the build sandbox's uv), `cgroup`
     joined before anything starts, and no descriptor of the caller but 0-2 (launch.py).
-    `copies` ([host file, sandbox path]) are copied into the sandbox's read-only root.
+    `copies` ([host file, sandbox path]) are copied into the sandbox's read-only root; `owned`
+    (host folders bound writable) are given to the sandbox's host uid (`host_uid`, by default
+    one of its own: users.py) first.
 
     When argv runs the runtime's interpreter (`python_of`), the interpreter and its site-packages
     appear at neutral paths (/ors/python, /ors/venv) and argv[0] is rewritten to match: nothing in
@@ -296,9 +299,13 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         argv = [SANDBOX_PYTHON, *argv[1:]]
     else:
         system = _system_binds(runtime)
+    spaces = users.bwrap_options()
+    if limits.network:  # the host's network namespace, where a manifest may ask for it
+        spaces = ["--share-net", *spaces] if "--unshare-all" in spaces else [a for a in spaces if a != "--unshare-net"]
+    elif "--unshare-all" in spaces and _disable_userns(config.bwrap):
+        spaces += ["--unshare-user", "--disable-userns"]
     args = [
-        config.bwrap, "--unshare-all", *(["--unshare-user", "--disable-userns"] if _disable_userns(config.bwrap) else []),
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        config.bwrap, *spaces, "--die-with-parent", "--new-session",
         "--hostname", "sandbox", "--clearenv",
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp",
@@ -306,20 +313,22 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         "--setenv", "MALLOC_ARENA_MAX", "2",
         # The private /tmp first: the binds that follow may live under the host's /tmp (a checkout
         # or a virtualenv there), and a tmpfs mounted after them would hide them.
-        "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+        # Sticky and writable by all: the sandbox's user is not the root that mounts it.
+        "--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
         *system,
         "--proc", "/proc",
         # Host-wide lock table (inode numbers and pids of every process's locks): not the tenant's.
         "--ro-bind", "/dev/null", "/proc/locks",
+        *_hidden_proc(),
         # /dev read-only (bubblewrap's tmpfs is unsized) but for a sized /dev/shm.
-        "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+        "--dev", "/dev", "--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
+        "--remount-ro", "/dev",
         *binds,
         "--chdir", chdir,
     ]
     for name, value in (env or {}).items():
         args += ["--setenv", name, value]
     if limits.network:
-        args.insert(2, "--share-net")  # after --unshare-all, which it undoes for the network
         args += _network_binds()
     # The sandbox's root (a tmpfs holding the mount points) read-only too: /tmp and /dev/shm are
     # the writable places.
@@ -331,10 +340,24 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         "seccomp": base64.b64encode(seccomp.program(locks=locks)).decode(),
         "files": files,
         "copies": copies or [],
-        "bwrap": [shutil.which(config.bwrap) or config.bwrap, *args[1:]],
-        "argv": argv,
+        "bwrap": [shutil.which(config.bwrap) or config.bwrap, *mount_parents.with_parents(args[1:])],
+        # Never the host's root: an unused host uid of the sandbox's own (users.py).
+        "user": users.launch_spec(owned, host_uid=host_uid),
+        "argv": users.switch_argv(argv),
     }
     return [sys.executable, "-I", "-S", str(LAUNCH_SCRIPT), json.dumps(spec)]
+
+
+# The kernel's settings and host-wide pressure (whose files take writes: PSI triggers) are none of
+# tenant code's business: each is an empty, read-only folder. bubblewrap's own read-only cover of
+# /proc/sys is skipped when its write check on the folder fails, as it does on procfs; binding the
+# host's would show the host's namespaces' settings.
+HIDDEN_PROC = ("/proc/sys", "/proc/pressure")
+
+
+def _hidden_proc() -> list[str]:
+    return [a for path in HIDDEN_PROC
+            for a in ("--size", "4096", "--perms", "0555", "--tmpfs", path, "--remount-ro", path)]
 
 
 @functools.cache

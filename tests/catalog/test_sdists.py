@@ -6,6 +6,7 @@ sdist the test writes, real server and worker processes."""
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import textwrap
 import threading
@@ -18,8 +19,10 @@ from ors.client import ORS
 
 from orsplatform.catalog import pyenvs, sdists
 from orsplatform.catalog.models import Environment, EnvironmentVersion
+from orsplatform.sandbox import users
 from tests.catalog.local_index import local_index
 from tests.catalog.support import wait_until, write_folder, zip_bytes
+from tests.executors.test_hostile_tenants import _host_processes
 
 BUILD_SECONDS = 300
 
@@ -143,6 +146,24 @@ HOSTILE_SETUP = textwrap.dedent('''
             lines.append(f"{what}: {opener.open(url, timeout=10).status}")
         except Exception as exc:
             lines.append(f"{what}: refused ({exc})")
+    # Who it runs as, and the host kernel's settings.
+    lines.append(f"uid: {os.getuid()}")
+    lines.append("uid_map: " + " / ".join(" ".join(l.split()) for l in open("/proc/self/uid_map")))
+    for knob in ("kernel/core_pattern", "kernel/printk_ratelimit_burst", "vm/drop_caches"):
+        try:
+            open("/proc/sys/" + knob, "w").close()
+            lines.append(f"sysctl {knob}: writable")
+        except OSError as exc:
+            lines.append(f"sysctl {knob}: refused ({type(exc).__name__})")
+    # A process left behind: a grandchild in a session of its own.
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)  # lets the build end: the stray holds none of its pipes
+            os.execv("/bin/sleep", ["sleep", STRAY])
+        os._exit(0)
     print("\\n".join("PROBE " + line for line in lines), file=sys.stderr, flush=True)
     sys.exit("ORS-HOSTILE refusing to build after probing")
 ''')
@@ -173,12 +194,13 @@ def listener():
 def test_a_hostile_setup_py_reaches_nothing_but_the_index_and_its_failure_names_the_package(
         owner, settings, index, listener, tmp_path):
     port, accepted = listener
+    stray = f"{7000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
     secret = tmp_path / "host-secret.txt"
     secret.write_text("HOST-SECRET-CANARY")
     cache, pyenv_dir = Path(settings.ORS_UV_CACHE_DIR), Path(settings.ORS_PYENV_DIR)
     constants = (f"SHARED_CACHE = {str(cache)!r}\nPYENVS = {str(pyenv_dir)!r}\nSECRET = {str(secret)!r}\n"
                  f"SETTINGS = {str(settings.BASE_DIR / 'orsplatform' / 'settings.py')!r}\n"
-                 f"LISTENER = {port}\nINDEX = {index.url!r}\n")
+                 f"LISTENER = {port}\nINDEX = {index.url!r}\nSTRAY = {stray!r}\n")
     index.add_sdist("ors-hostile-sdist", "0.1", {"ors_hostile_sdist.py": "X = 1\n"},
                     setup=constants + HOSTILE_SETUP)
     settings.ORS_BUILD_EXTRA_INDEX_URLS = [index.url]
@@ -211,8 +233,18 @@ def test_a_hostile_setup_py_reaches_nothing_but_the_index_and_its_failure_names_
     assert probes["index"] == "200"
     assert accepted == []
     assert f"[platform] refused a connection outside the package registry: GET http://127.0.0.1:{port}/" in log
-    # Nothing of the build is left: no work folder, no environment.
+    # Not the host's root, nor any host user that owns a file: an unused uid of the sandbox's own,
+    # to which every kernel setting is read-only.
+    uid_map = probes["uid_map"].split(" / ")
+    assert probes["uid"] == str(users.SANDBOX_UID) and uid_map[0] == "0 0 1", probes
+    host_uid = int(uid_map[1].split()[1])
+    assert uid_map[1].split()[0] == str(users.SANDBOX_UID) and host_uid >= users.UID_BASE, probes
+    for knob in ("kernel/core_pattern", "kernel/printk_ratelimit_burst", "vm/drop_caches"):
+        # /proc/sys is an empty read-only folder there too; the uid alone would refuse the write.
+        assert probes[f"sysctl {knob}"] in ("refused (FileNotFoundError)", "refused (PermissionError)"), probes
+    # Nothing of the build is left: no work folder, no environment, no process.
     assert not list(pyenv_dir.glob("work-*"))
+    assert _host_processes(f"sleep {stray}") == []
 
 
 def test_uv_s_explanation_names_the_packages_without_a_wheel():

@@ -123,6 +123,75 @@ KERNEL_ENV = textwrap.dedent(r'''
             return f.read().decode("latin-1")
 
 
+    def writable(roots):
+        """Every file under `roots` that opens for writing (opened and closed, nothing written)."""
+        opened, tried = [], 0
+        for root in roots:
+            walked = [(os.path.dirname(root), [], [os.path.basename(root)])] if os.path.isfile(root) else os.walk(root)
+            for dirpath, dirnames, filenames in walked:
+                if dirpath == "/proc":  # processes' own files are theirs; the kernel's are the rest
+                    dirnames[:] = [d for d in dirnames if not d.isdigit() and d not in ("self", "thread-self")]
+                for name in filenames:
+                    path = os.path.join(dirpath, name)
+                    tried += 1
+                    try:
+                        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY))
+                        opened.append(path)
+                    except OSError:
+                        pass
+        return {"opened": opened, "tried": tried}
+
+
+    def owners():
+        """Who this process is, and who owns the files every worker shares."""
+        shared = [SHARED, os.path.realpath(sys.executable), "/usr/bin/sh", "/usr/lib/os-release",
+                  os.path.dirname(SHARED), "/ors/env/env.py", "/ors/env"]
+        return {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+                "uid_map": read("/proc/self/uid_map"), "status": read("/proc/self/status"),
+                "owners": {p: os.stat(p).st_uid for p in shared if os.path.exists(p)}}
+
+
+    PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+    def residency(op, pages):
+        """The page cache of the shared file SHARED: evict it, touch `pages` of it (no read-ahead),
+        or read which pages are resident with mincore (or cachestat's count)."""
+        fd = os.open(SHARED, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if op == "evict":
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                return {"pages": size // PAGE}
+            if op == "touch":
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                for page in pages:
+                    os.pread(fd, 1, page * PAGE)
+                return {"touched": pages}
+            if op == "cachestat":
+                LIBC.syscall.restype = ctypes.c_long
+                rng = (ctypes.c_uint64 * 2)(0, 0)
+                stat = (ctypes.c_uint64 * 5)()
+                ctypes.set_errno(0)
+                got = LIBC.syscall(451, fd, ctypes.byref(rng), ctypes.byref(stat), 0)
+                return {"result": got, "errno": ctypes.get_errno() if got == -1 else 0, "cached": stat[0]}
+            LIBC.mmap.restype = ctypes.c_void_p
+            LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_long]
+            LIBC.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+            LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            start = LIBC.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED: nothing is read yet
+            count = (size + PAGE - 1) // PAGE
+            vec = (ctypes.c_ubyte * count)()
+            ctypes.set_errno(0)
+            got = LIBC.mincore(ctypes.c_void_p(start), size, vec)
+            error = ctypes.get_errno() if got == -1 else 0
+            LIBC.munmap(ctypes.c_void_p(start), size)
+            return {"result": got, "errno": error, "resident": [i for i in range(count) if vec[i] & 1]}
+        finally:
+            os.close(fd)
+
+
     class Ask(BaseModel):
         what: str
         arg: str = ""
@@ -157,6 +226,9 @@ KERNEL_ENV = textwrap.dedent(r'''
                 "fill": lambda: attempt(lambda: fill(arg, params.n)),
                 "fds": lambda: sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
                 "read": lambda: attempt(lambda: read(arg)),
+                "writable": lambda: writable(arg.split(",")),
+                "owners": lambda: owners(),
+                "residency": lambda: attempt(lambda: residency(arg, list(range(params.n, params.m)))),
                 "sqlite": lambda: sqlite(arg),
                 "stray": lambda: replace_clean_up_and_leave_a_child(arg),
                 "threads": lambda: attempt(lambda: subprocess.run([sys.executable, "-c", "import threading, "

@@ -1,0 +1,75 @@
+"""Which host user tenant code runs as: never one that owns platform or system files.
+
+Run by root, bubblewrap maps the sandbox's user 0 to the host's root (``0 0 1``): tenant code then
+owned every root-owned file it could see, which is enough to write the host's ``/proc/sys``
+(``kernel.core_pattern = |program`` runs a program as host root at the next crash anywhere) and to
+read other workers' page-cache residency with ``mincore``. So when the supervisor is root:
+
+- launch.py makes a user namespace of the sandbox's own with two lines, ``0 0 1`` (bubblewrap does
+  its mounts as that root, so the host's folders it binds need not be searchable by anyone else)
+  and ``SANDBOX_UID <host uid> 1``, a host uid from an unused range, unique to this sandbox
+  (UID_BASE + the launcher's pid, which bubblewrap keeps for the sandbox's whole life), and hands it
+  to bubblewrap (``--userns``);
+- bubblewrap keeps just CAP_SETUID, CAP_SETGID and CAP_SETPCAP, and ``setpriv`` (the first thing
+  the sandbox runs) switches to SANDBOX_UID with no groups, no capabilities, an empty bounding set.
+  bubblewrap's no_new_privs stops a set-uid file from giving any of it back.
+
+Tenant code is then the host's UID_BASE + pid: it owns nothing outside its own /tmp, every kernel
+file is read-only to it, ``mincore`` on a shared file is blind (and refused by the filter anyway),
+and RLIMIT_NPROC counts this sandbox's processes alone. A supervisor that is not root runs bubblewrap
+the usual unprivileged way (the sandbox is the platform's own user; docs/isolation.md).
+
+Standard library only: launch.py shares the constants by value, not by import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+# Host uids and gids UID_BASE..UID_BASE + pid_max (at most 2**22): systemd leaves 0x70000000 to
+# 0x7FFDFFFF unused (its container ranges end below it), nothing in /etc/passwd or /etc/subuid
+# reaches it on a stock system, and it stays under 2**31 for tools that read a uid as signed.
+UID_BASE = 0x70000000
+# The user tenant code sees itself as inside (any non-zero id: not the namespace's root).
+SANDBOX_UID = 1000
+# What bubblewrap keeps for setpriv, which drops them all with the switch.
+SWITCH_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+
+
+def dropping() -> bool:
+    """Does this supervisor start its sandboxes as an unused host uid (it is root)?"""
+    return os.geteuid() == 0
+
+
+def bwrap_options() -> list[str]:
+    """bubblewrap's namespace and capability options: a user namespace of launch.py's making when
+    root (no --unshare-user then), bubblewrap's own otherwise."""
+    spaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    if not dropping():
+        return ["--unshare-all", "--cap-drop", "ALL"]
+    return [*spaces, "--cap-drop", "ALL", *(a for cap in SWITCH_CAPS for a in ("--cap-add", cap))]
+
+
+def switch_argv(argv: list[str]) -> list[str]:
+    """argv preceded by the switch to SANDBOX_UID (when root): setpriv, bound in with /usr."""
+    if not dropping():
+        return argv
+    setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+    return [setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--", *argv]
+
+
+# The installer's sandbox (uv over the shared environments' folder and its cache, wheels only: no
+# package's code) is one fixed uid of the range, so what one build writes the next can use. A
+# package's own build code never runs as it: a source build gets a uid of its own like a worker.
+INSTALLER_UID = UID_BASE
+
+
+def launch_spec(owned: list[str] | None = None, *, host_uid: int | None = None) -> dict | None:
+    """launch.py's `user` entry: the namespace to make, the host uid (by default UID_BASE + the
+    launcher's pid), and the folders (`owned`, the build sandbox's writable ones) to give to that
+    uid first; None when not root."""
+    if not dropping():
+        return None
+    return {"base": UID_BASE, "host": host_uid, "inside": SANDBOX_UID, "owned": list(owned or [])}

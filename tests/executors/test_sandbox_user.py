@@ -1,0 +1,83 @@
+"""Red team, round three (issue #40), findings 1 and 2, with real sandbox workers as root: tenant code
+is never the host's root (an unused host uid of the sandbox's own, no capabilities), no file under
+/proc/sys or /sys opens for writing, the files every worker shares are not the tenant's, and the
+page cache of a shared file is no channel between two callers' workers (mincore and cachestat
+refused). Parametrised by runtime: bubblewrap today; gVisor joins the list with its runtime."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from orsplatform.sandbox import users
+from tests.executors.test_hostile_tenants import open_session
+from tests.executors.test_sandbox_kernel import KERNEL, probe, workers_of
+
+RUNTIMES = ["bwrap"]
+KERNEL_FILES = "/proc,/sys"  # every kernel file of /proc (not the processes' own) and /sys
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the host-uid mapping is the root supervisor's")
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request, settings):
+    settings.ORS_SANDBOX = request.param
+    return request.param
+
+
+async def test_tenant_code_is_an_unused_host_uid_without_capabilities(runtime, sbx, outsider, kernel_env):
+    sid = await open_session(sbx, outsider, KERNEL)
+    seen = await probe(sbx, outsider, sid, "owners")
+    assert (seen["uid"], seen["gid"]) == (users.SANDBOX_UID, users.SANDBOX_UID), seen
+    assert seen["groups"] in ([], [users.SANDBOX_UID]), seen
+    lines = [line.split() for line in seen["uid_map"].strip().splitlines()]
+    # The namespace's root is the host's (bubblewrap mounts as it, then setpriv leaves it); the
+    # tenant's user is one host uid of the unused range, which no host file belongs to.
+    assert lines[0] == ["0", "0", "1"] and len(lines) == 2, lines
+    inside, host, count = (int(x) for x in lines[1])
+    assert (inside, count) == (users.SANDBOX_UID, 1) and users.UID_BASE < host < users.UID_BASE + 2**22, lines
+    status = dict(line.split(":\t", 1) for line in seen["status"].splitlines() if ":\t" in line)
+    for caps in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status[caps], 16) == 0, (caps, status[caps])
+    assert status["NoNewPrivs"].strip() == "1"
+    # Every file the workers share belongs to someone else.
+    assert seen["owners"] and all(owner != users.SANDBOX_UID for owner in seen["owners"].values()), seen["owners"]
+
+
+async def test_no_kernel_setting_or_kernel_file_opens_for_writing(runtime, sbx, outsider, kernel_env):
+    sid = await open_session(sbx, outsider, KERNEL)
+    found = await probe(sbx, outsider, sid, "writable", KERNEL_FILES)
+    assert found["tried"] > 40, found  # /proc was walked, not skipped
+    assert found["opened"] == [], found["opened"][:20]
+    # /proc/sys is an empty read-only folder: the settings are not there to write (nor to read).
+    listed = await probe(sbx, outsider, sid, "read", "/proc/sys/kernel/core_pattern")
+    assert listed["ok"] is False and listed["errno"] == errno.ENOENT, listed
+    made = await probe(sbx, outsider, sid, "fill", "/proc/sys/planted", n=1)
+    assert made["ok"] is False and made["errno"] in (errno.EROFS, errno.EACCES), made
+    # The one reported: kernel.printk_ratelimit_burst, and core_pattern (a pipe to a program run as
+    # host root at the next crash anywhere).
+    knobs = ("/proc/sys/kernel/printk_ratelimit_burst", "/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches",
+             "/proc/sys/kernel/randomize_va_space", "/proc/sys/fs/protected_symlinks")
+    named = await probe(sbx, outsider, sid, "writable", ",".join(knobs))
+    assert named["opened"] == [], named
+
+
+async def test_a_callers_page_touches_on_a_shared_file_do_not_reach_the_authors_worker(
+        runtime, sbx, sandbox_app, owner, outsider, kernel_env):
+    # acme calls globex's public environment (acme's worker); globex runs it too (its own worker).
+    caller = await open_session(sbx, owner, KERNEL)
+    author = await open_session(sbx, outsider, KERNEL)
+    assert len({id(w) for w in workers_of(sandbox_app, KERNEL)}) == 2
+    evicted = await probe(sbx, outsider, author, "residency", "evict")
+    assert evicted["ok"] is True and evicted["value"]["pages"] >= 6, evicted
+    # The caller touches pages 2-4 of the shared file (its "tool input"); the author reads which
+    # pages are resident. Before the fix: exactly [2, 3, 4] came back.
+    assert (await probe(sbx, owner, caller, "residency", "touch", n=2, m=5))["ok"] is True
+    seen = await probe(sbx, outsider, author, "residency", "mincore")
+    assert seen["ok"] is True, seen
+    assert seen["value"]["result"] == -1 and seen["value"]["errno"] == errno.ENOSYS, seen
+    assert seen["value"]["resident"] == [], seen
+    counted = await probe(sbx, outsider, author, "residency", "cachestat")
+    assert counted["ok"] is True and counted["value"]["errno"] == errno.ENOSYS, counted
