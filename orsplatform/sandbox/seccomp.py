@@ -19,7 +19,7 @@ Why each one is refused:
   surface the tenant has no use for. clone3 passes its flags in memory a filter cannot read, so
   it fails with ENOSYS, on which glibc (threads) and CPython (fork) fall back to clone.
 - keyctl, add_key, request_key: the kernel keyring is not namespaced.
-- mincore, cachestat: which pages of a file are in the page cache is shared by every worker that
+- mincore, cachestat, and preadv2/pwritev2 with RWF_NOWAIT (EOPNOTSUPP): which pages of a file are in the page cache is shared by every worker that
   maps the same read-only file: one worker touching pages and another reading their residency is a
   channel between callers (red team three). ENOSYS; tenant code does not own the shared files
   either (users.py), which makes mincore blind to others' pages even where a filter is missing.
@@ -79,6 +79,8 @@ DENIED = (
 # table), given by number: Debian 12's libseccomp 2.5.4 does not know its name.
 CACHESTAT = 451
 RESIDENCY = ("mincore", CACHESTAT)
+# preadv2's RWF_NOWAIT fails with EAGAIN when a page is not cached: the same oracle, one page a call.
+RWF_NOWAIT = 0x00000008
 
 
 class SeccompUnavailable(Exception):
@@ -100,6 +102,9 @@ def _rules(f, *, locks: bool) -> None:
     deny("clone3", errno.ENOSYS)
     for name in RESIDENCY:
         deny(name, errno.ENOSYS)
+    for name in ("preadv2", "pwritev2"):
+        # flags is the sixth argument; EOPNOTSUPP is the kernel's own answer where it lacks NOWAIT.
+        deny(name, errno.EOPNOTSUPP, sc.Arg(5, sc.MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT))
     for flag in NAMESPACE_FLAGS:
         deny("clone", errno.EPERM, sc.Arg(0, sc.MASKED_EQ, flag, flag))
     if not locks:

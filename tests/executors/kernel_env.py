@@ -168,6 +168,15 @@ KERNEL_ENV = textwrap.dedent(r'''
                 for page in pages:
                     os.pread(fd, 1, page * PAGE)
                 return {"touched": pages}
+            if op == "nowait":  # a read that fails with EAGAIN when the page is not cached
+                seen = {}
+                for page in pages:
+                    buf = bytearray(1)
+                    try:
+                        seen[page] = os.preadv(fd, [buf], page * PAGE, os.RWF_NOWAIT)
+                    except OSError as exc:
+                        seen[page] = -exc.errno
+                return {"pages": seen}
             if op == "cachestat":
                 LIBC.syscall.restype = ctypes.c_long
                 rng = (ctypes.c_uint64 * 2)(0, 0)

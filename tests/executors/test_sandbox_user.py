@@ -81,3 +81,7 @@ async def test_a_callers_page_touches_on_a_shared_file_do_not_reach_the_authors_
     assert seen["value"]["resident"] == [], seen
     counted = await probe(sbx, outsider, author, "residency", "cachestat")
     assert counted["ok"] is True and counted["value"]["errno"] == errno.ENOSYS, counted
+    # A read that must not block (RWF_NOWAIT) says "not cached" with EAGAIN: refused as unsupported.
+    asked = await probe(sbx, outsider, author, "residency", "nowait", n=0, m=6)
+    assert asked["ok"] is True, asked
+    assert set(asked["value"]["pages"].values()) == {-errno.EOPNOTSUPP}, asked
