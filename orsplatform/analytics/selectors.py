@@ -339,7 +339,10 @@ def _key_usage(tally: _Tally) -> dict[str, int]:
 # --- one environment -------------------------------------------------------------------------------
 
 def environment_report(*, team: Team, environment: Environment, version: EnvironmentVersion | None,
-                       window: Window) -> dict[str, Any]:
+                       window: Window, sealed_reader: int | None = None) -> dict[str, Any]:
+    """The environment's numbers from the team's sessions. `sealed_reader`: the team whose sealed
+    splits' specs the viewer reads (catalog/hidden.py: a publish key's team, a publisher's on the
+    web), for the listed tasks' text."""
     span = resolve_span(team=team, window=window)
     gran = span.granularity
     target = environment_q(environment, version)
@@ -422,7 +425,7 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
     hardest = list(tasks.order_by(*order)[:min(TASKS_LISTED, math.ceil(task_count / 2))])
     easiest = list(tasks.order_by(*(o[1:] if o.startswith("-") else "-" + o for o in order))[
         :min(TASKS_LISTED, task_count // 2)])
-    _add_task_text(environment, scored, hardest + easiest, owner_team_id=team.id)
+    _add_task_text(environment, scored, hardest + easiest, sealed_reader=sealed_reader)
 
     summary = total.summary()
     return {
@@ -456,7 +459,7 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
 
 
 def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: list[dict[str, Any]],
-                   owner_team_id: int | None = None) -> None:
+                   sealed_reader: int | None = None) -> None:
     """Each listed task's text: from the catalog's task row, else from a session that ran it (a split
     replaced since keeps its old sessions' specs)."""
     if not rows:
@@ -466,11 +469,13 @@ def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: 
     split_rows = list(Split.objects.filter(environment=environment, name__in={r["split"] for r in rows})
                       .values_list("name", "id", "hidden_fields", "sealed"))
     split_ids = {name: split_id for name, split_id, _, _ in split_rows}
-    # Another team's view of the environment: hidden fields dropped, sealed splits' tasks untold
-    # (docs/hidden-tasks.md); the sessions' own copies are stored redacted already.
-    foreign = owner_team_id is None or owner_team_id != environment.team_id
-    hiding = {name: frozenset(fields or ()) for name, _, fields, _ in split_rows} if foreign else {}
-    sealed = {name for name, _, _, is_sealed in split_rows if is_sealed} if foreign else set()
+    # docs/hidden-tasks.md: hidden fields are dropped for every viewer (the owning team's keys and
+    # pages too: the hub's task pages are where its publishers read them), and a sealed split's tasks
+    # are told only to a reader of the owning team's sealed specs. The sessions' own copies are
+    # stored without the hidden fields already, and say whether their split was sealed.
+    reads_sealed = sealed_reader is not None and sealed_reader == environment.team_id
+    hiding = {name: frozenset(fields or ()) for name, _, fields, _ in split_rows}
+    sealed = set() if reads_sealed else {name for name, _, _, is_sealed in split_rows if is_sealed}
     wanted = Q(pk__in=[])
     for name, split_id in split_ids.items():
         wanted |= Q(split_id=split_id, index__in=[r["task_index"] for r in rows if r["split"] == name])
@@ -479,10 +484,12 @@ def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: 
              .values_list("split_id", "index", "spec")}
     for r in rows:
         spec = specs.get((r["split"], r["task_index"]))
+        withheld = r["split"] in sealed
         if spec is None:
-            spec = (sessions.filter(split=r["split"], task_index=r["task_index"])
-                    .values_list("task_spec", flat=True).first())
-        if r["split"] in sealed:
+            spec, was_sealed = (sessions.filter(split=r["split"], task_index=r["task_index"])
+                                .values_list("task_spec", "sealed").first()) or (None, False)
+            withheld = withheld or (was_sealed and not reads_sealed)
+        if withheld:
             r["task_text"] = "(sealed split)"
             continue
         r["task_text"] = task_text(redact(spec, hiding.get(r["split"], frozenset()))) if spec is not None else ""

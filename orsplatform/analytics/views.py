@@ -26,6 +26,7 @@ from orsplatform.analytics.filters import (
 from orsplatform.analytics.services import rollup_nudge
 from orsplatform.episodes.models import Session
 from orsplatform.flags.selectors import flags_for_team
+from orsplatform.hub.selectors import PUBLISHER_ROLES
 from orsplatform.teams.models import Team
 from orsplatform.teams.selectors import team_for_user, teams_for_user
 
@@ -63,6 +64,13 @@ def _task_page(env, split: str, index: int) -> str | None:
 def _team(request: HttpRequest, slug: str) -> Team:
     team, _role = team_for_user(user=request.user, slug=slug)
     return team
+
+
+def _team_and_reader(request: HttpRequest, slug: str) -> tuple[Team, int | None]:
+    """The team, and the team whose sealed splits' specs the user reads (catalog/hidden.py): its
+    own for its publishers, as on the hub's task pages; None for its viewers."""
+    team, role = team_for_user(user=request.user, slug=slug)
+    return team, team.id if request.user.is_superuser or role in PUBLISHER_ROLES else None
 
 
 def _fail(request: HttpRequest, template: str, context: dict[str, Any], exc: ValidationError) -> HttpResponse:
@@ -122,7 +130,7 @@ def overview(request: HttpRequest, team: str) -> HttpResponse:
 
 @login_required
 def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -> HttpResponse:
-    team_obj = _team(request, team)
+    team_obj, reader = _team_and_reader(request, team)
     env = selectors.environment_for_report(team=team_obj, env_team=env_team, env_slug=env_slug)
     if env is None:
         raise Http404("No such environment.")
@@ -137,7 +145,8 @@ def environment(request: HttpRequest, team: str, env_team: str, env_slug: str) -
     window, version = params.window, params.version
     context.update(_range_context(request, window))
     rollup_nudge()
-    data = selectors.environment_report(team=team_obj, environment=env, version=version, window=window)
+    data = selectors.environment_report(team=team_obj, environment=env, version=version, window=window,
+                                        sealed_reader=reader)
     gran = data["span"]["granularity"]
     times = [p["t"] for p in data["per_period"]]
     lat_times = [p["t"] for p in data["latency_per_period"]]

@@ -20,6 +20,7 @@ from orsplatform.analytics.filters import (
     parse_session_filters,
 )
 from orsplatform.api.auth import TeamAccess, caller_of
+from orsplatform.catalog import hidden
 from orsplatform.teams.models import Team
 
 WINDOW_PARAMETERS = [
@@ -69,6 +70,7 @@ class AnalyticsEnvironmentView(APIView):
                    responses=OpenApiTypes.OBJECT)
     def get(self, request, team: str, slug: str):
         team_obj = _team(request)
+        reader = hidden.sealed_reader(caller_of(request))
         env = selectors.environment_for_report(team=team_obj, env_team=team, env_slug=slug)
         if env is None:
             raise Http404("Environment not found.")
@@ -77,7 +79,7 @@ class AnalyticsEnvironmentView(APIView):
         except DjangoValidationError as exc:
             raise _bad(exc) from None
         return Response(selectors.environment_report(team=team_obj, environment=env, version=params.version,
-                                                     window=params.window))
+                                                     window=params.window, sealed_reader=reader))
 
 
 class AnalyticsSessionListView(APIView):

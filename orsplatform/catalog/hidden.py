@@ -54,6 +54,13 @@ def owner_key(caller: Any, team_id: int) -> bool:
     return caller.team_id == team_id and caller.can("publish")
 
 
+def sealed_reader(caller: Any) -> int | None:
+    """The team whose sealed splits' specs a key reads: its own, with the publish scope (owner_key);
+    None for any other key (a sessions-only key of the owning team included) and for anonymous
+    callers. The web's counterpart is a publisher of the team (analytics/views.py, hub/views.py)."""
+    return caller.team_id if caller.team_id is not None and caller.can("publish") else None
+
+
 def sealed_reason(split: str, environment: str) -> str:
     return (f"Split {split!r} is sealed: its tasks are readable only with a publish key of the team that owns "
             f"{environment}. Episodes may still run on it by split and index, and num_tasks is public.")

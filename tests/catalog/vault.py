@@ -43,6 +43,40 @@ VAULT_MANIFEST = ('name = "vault"\ndescription = "Hidden answers, a sealed test 
                   'visibility = "public"\nhidden_task_fields = ["answer"]\nsealed_splits = ["test"]\n')
 
 
+# "sums": tasks of numbers only, whose one text-like value is the hidden answer (a task listed by its
+# compact JSON, as the analytics list one without a prose field, must drop it).
+SUMS_ENV = textwrap.dedent('''
+    from ors import Environment, Split, TextBlock, ToolOutput, tool
+    from pydantic import BaseModel
+
+
+    class Guess(BaseModel):
+        answer: str
+
+
+    class Sums(Environment):
+        @classmethod
+        def list_splits(cls):
+            return [Split(name="train", type="train")]
+
+        @classmethod
+        def list_tasks(cls, split):
+            return [{"a": i, "b": 7, "answer": f"SECRETSUM{i:03d}XQ"} for i in range(6)]
+
+        def get_prompt(self):
+            return [TextBlock(text=f"{self.task_spec['a']} + {self.task_spec['b']}")]
+
+        @tool
+        def submit(self, params: Guess) -> ToolOutput:
+            """Say the code."""
+            ok = params.answer == self.task_spec["answer"]
+            return ToolOutput(blocks=[TextBlock(text="Correct." if ok else "Wrong.")], reward=float(ok), finished=True)
+''')
+
+SUMS_MANIFEST = ('name = "sums"\ndescription = "Numbers and a hidden answer."\nentrypoint = "env:Sums"\n'
+                 'visibility = "public"\nhidden_task_fields = ["answer"]\n')
+
+
 def answer(split: str, index: int) -> str:
     return f"SECRET{split.upper()}{index:03d}XQ"
 
@@ -59,6 +93,12 @@ def leaked(body: bytes | str) -> list[bytes]:
 
 def publish_vault(owner) -> dict:
     response = publish(owner, "vault", "vault.zip", zip_bytes({"env.py": VAULT_ENV, "manifest.toml": VAULT_MANIFEST}))
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def publish_sums(owner) -> dict:
+    response = publish(owner, "sums", "sums.zip", zip_bytes({"env.py": SUMS_ENV, "manifest.toml": SUMS_MANIFEST}))
     assert response.status_code == 201, response.content
     return response.json()
 
