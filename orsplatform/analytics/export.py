@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from orsplatform.analytics.filters import SessionFilters
 from orsplatform.analytics.selectors import OPEN
+from orsplatform.catalog.hidden import session_spec
 from orsplatform.episodes.models import Session, ToolCall
 from orsplatform.teams.models import Team
 
@@ -41,7 +42,9 @@ def _latency_ms(call: ToolCall) -> float | None:
     return (call.finished_at - call.started_at).total_seconds() * 1000 if call.finished_at else None
 
 
-def export_record(session: Session, calls: list[ToolCall]) -> dict[str, Any]:
+def export_record(session: Session, calls: list[ToolCall], sealed_reader: int | None) -> dict[str, Any]:
+    """A session's record; a sealed split's task spec is None unless the viewer reads the
+    environment's sealed specs (catalog/hidden.py: `sealed_reader`)."""
     is_open = session.status in OPEN
     rewards = [c.reward for c in calls if c.reward is not None]
     return {
@@ -51,7 +54,8 @@ def export_record(session: Session, calls: list[ToolCall]) -> dict[str, Any]:
         "split": session.split,
         "task_index": session.task_index,
         "sealed": session.sealed,
-        "task_spec": session.task_spec,
+        "task_spec": session_spec(session.task_spec, sealed=session.sealed,
+                                  environment_team_id=session.environment.team_id, reader=sealed_reader),
         "prompt": session.prompt,
         "status": session.status,
         "protocol": session.protocol,
@@ -71,29 +75,30 @@ def export_record(session: Session, calls: list[ToolCall]) -> dict[str, Any]:
     }
 
 
-def _sessions(team: Team, filters: SessionFilters):
-    return (filters.apply(Session.objects.filter(team=team))
+def _sessions(team: Team, filters: SessionFilters, sealed_reader: int | None):
+    return (filters.apply(Session.objects.filter(team=team), sealed_reader=sealed_reader)
             .select_related("environment__team", "version", "api_key").order_by("id"))
 
 
-def fetch_chunk(*, team: Team, filters: SessionFilters, after_id: int) -> tuple[list[dict[str, Any]], int | None]:
+def fetch_chunk(*, team: Team, filters: SessionFilters, after_id: int,
+                sealed_reader: int | None) -> tuple[list[dict[str, Any]], int | None]:
     """The records of the next SESSION_CHUNK sessions after after_id, and the id to continue from
     (None when done)."""
-    sessions = list(_sessions(team, filters).filter(id__gt=after_id)[:SESSION_CHUNK])
+    sessions = list(_sessions(team, filters, sealed_reader).filter(id__gt=after_id)[:SESSION_CHUNK])
     if not sessions:
         return [], None
     calls: dict[int, list[ToolCall]] = defaultdict(list)
     for call in (ToolCall.objects.filter(session_id__in=[s.id for s in sessions])
                  .order_by("session_id", "started_at", "id").iterator(chunk_size=CALL_CHUNK)):
         calls[call.session_id].append(call)
-    records = [export_record(s, calls.get(s.id, [])) for s in sessions]
+    records = [export_record(s, calls.get(s.id, []), sealed_reader) for s in sessions]
     return records, (sessions[-1].id if len(sessions) == SESSION_CHUNK else None)
 
 
-def iter_records(*, team: Team, filters: SessionFilters) -> Iterator[list[dict[str, Any]]]:
+def iter_records(*, team: Team, filters: SessionFilters, sealed_reader: int | None) -> Iterator[list[dict[str, Any]]]:
     after: int | None = 0
     while after is not None:
-        records, after = fetch_chunk(team=team, filters=filters, after_id=after)
+        records, after = fetch_chunk(team=team, filters=filters, after_id=after, sealed_reader=sealed_reader)
         if records:
             yield records
 
@@ -102,16 +107,16 @@ def _jsonl(records: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(r, default=str, option=orjson.OPT_UTC_Z) + b"\n" for r in records)
 
 
-def _jsonl_sync(team: Team, filters: SessionFilters) -> Iterator[bytes]:
-    for records in iter_records(team=team, filters=filters):
+def _jsonl_sync(team: Team, filters: SessionFilters, sealed_reader: int | None) -> Iterator[bytes]:
+    for records in iter_records(team=team, filters=filters, sealed_reader=sealed_reader):
         yield _jsonl(records)
 
 
-async def _jsonl_async(team: Team, filters: SessionFilters) -> AsyncIterator[bytes]:
+async def _jsonl_async(team: Team, filters: SessionFilters, sealed_reader: int | None) -> AsyncIterator[bytes]:
     fetch = sync_to_async(fetch_chunk)
     after: int | None = 0
     while after is not None:
-        records, after = await fetch(team=team, filters=filters, after_id=after)
+        records, after = await fetch(team=team, filters=filters, after_id=after, sealed_reader=sealed_reader)
         if records:
             yield _jsonl(records)
 
@@ -120,8 +125,10 @@ def _filename(team: Team, extension: str) -> str:
     return f"{team.slug}-sessions-{timezone.now():%Y%m%dT%H%M%SZ}.{extension}"
 
 
-def jsonl_response(request: HttpRequest, *, team: Team, filters: SessionFilters) -> StreamingHttpResponse:
-    content = _jsonl_async(team, filters) if isinstance(request, ASGIRequest) else _jsonl_sync(team, filters)
+def jsonl_response(request: HttpRequest, *, team: Team, filters: SessionFilters,
+                   sealed_reader: int | None) -> StreamingHttpResponse:
+    content = (_jsonl_async(team, filters, sealed_reader) if isinstance(request, ASGIRequest)
+               else _jsonl_sync(team, filters, sealed_reader))
     response = StreamingHttpResponse(content, content_type="application/x-ndjson")
     response["Content-Disposition"] = f'attachment; filename="{_filename(team, "jsonl")}"'
     response["X-Accel-Buffering"] = "no"  # let a fronting nginx pass the stream through
@@ -160,7 +167,7 @@ def _parquet_row(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_parquet(*, team: Team, filters: SessionFilters, path: str) -> int:
+def write_parquet(*, team: Team, filters: SessionFilters, path: str, sealed_reader: int | None) -> int:
     """Write the export to a Parquet file one record batch per chunk; returns the sessions written."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -168,7 +175,7 @@ def write_parquet(*, team: Team, filters: SessionFilters, path: str) -> int:
     schema = parquet_schema()
     written = 0
     with pq.ParquetWriter(path, schema, compression="zstd") as writer:
-        for records in iter_records(team=team, filters=filters):
+        for records in iter_records(team=team, filters=filters, sealed_reader=sealed_reader):
             writer.write_batch(pa.RecordBatch.from_pylist([_parquet_row(r) for r in records], schema=schema))
             written += len(records)
         if written == 0:
@@ -192,11 +199,12 @@ async def _file_async(handle) -> AsyncIterator[bytes]:
         handle.close()
 
 
-def parquet_response(request: HttpRequest, *, team: Team, filters: SessionFilters) -> StreamingHttpResponse:
+def parquet_response(request: HttpRequest, *, team: Team, filters: SessionFilters,
+                     sealed_reader: int | None) -> StreamingHttpResponse:
     fd, path = tempfile.mkstemp(prefix="ors-export-", suffix=".parquet")
     os.close(fd)
     try:
-        write_parquet(team=team, filters=filters, path=path)
+        write_parquet(team=team, filters=filters, path=path, sealed_reader=sealed_reader)
         handle = open(path, "rb")  # noqa: SIM115 - closed by the response body generator
     finally:
         # Unlinked at once: the open handle keeps the data readable, and nothing is left behind

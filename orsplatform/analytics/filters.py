@@ -129,8 +129,10 @@ class SessionFilters:
     def query(self) -> dict[str, str]:
         return {**self.window.query(), **self.raw}
 
-    def apply(self, qs):
-        """Narrow a Session queryset (already scoped to the team) to these filters."""
+    def apply(self, qs, *, sealed_reader: int | None):
+        """Narrow a Session queryset (already scoped to the team) to these filters. `sealed_reader`:
+        the team whose sealed specs the viewer reads (catalog/hidden.py); the text search looks in
+        no other sealed spec, or it would tell what the spec holds."""
         if self.window.start is not None:
             qs = qs.filter(created_at__gte=self.window.start)
         qs = qs.filter(created_at__lt=self.window.end)
@@ -151,7 +153,9 @@ class SessionFilters:
         if self.task_index is not None:
             qs = qs.filter(task_index=self.task_index)
         if self.text:
-            qs = qs.annotate(task_text=Cast("task_spec", TextField())).filter(task_text__icontains=self.text)
+            readable = Q(sealed=False) | Q(environment__team_id=sealed_reader) if sealed_reader else Q(sealed=False)
+            qs = qs.filter(readable).annotate(task_text=Cast("task_spec", TextField())).filter(
+                task_text__icontains=self.text)
         if self.reward_min is not None:
             qs = qs.filter(total_reward__gte=self.reward_min)
         if self.reward_max is not None:

@@ -29,7 +29,7 @@ from orsplatform.analytics import latency
 from orsplatform.analytics import order as episode_order
 from orsplatform.analytics.filters import SessionFilters, Window, environment_q, outcome_of, sort_order
 from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
-from orsplatform.catalog.hidden import redact
+from orsplatform.catalog.hidden import redact, session_spec
 from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
 from orsplatform.catalog.selectors import task_text
 from orsplatform.episodes.models import Session, ToolCall
@@ -547,8 +547,8 @@ def session_row(session: Session, live: dict[str, Any] | None = None) -> dict[st
 
 
 def sessions_page(*, team: Team, filters: SessionFilters, page: int, per_page: int = PER_PAGE,
-                  sort: str = "-started") -> dict[str, Any]:
-    qs = filters.apply(Session.objects.filter(team=team))
+                  sort: str = "-started", sealed_reader: int | None = None) -> dict[str, Any]:
+    qs = filters.apply(Session.objects.filter(team=team), sealed_reader=sealed_reader)
     paginator = Paginator(qs.order_by("-created_at"), per_page)  # counted without the sort's joins
     total = paginator.count
     pages = paginator.num_pages
@@ -589,8 +589,10 @@ def call_row(call: ToolCall, step: int) -> dict[str, Any]:
     }
 
 
-def session_trajectory(*, team: Team, sid: str) -> dict[str, Any] | None:
-    """One session of the team with its prompt and calls; None for a missing or another team's sid."""
+def session_trajectory(*, team: Team, sid: str, sealed_reader: int | None = None) -> dict[str, Any] | None:
+    """One session of the team with its prompt and calls; None for a missing or another team's sid.
+    A sealed split's task spec is None unless the viewer reads the environment's sealed specs
+    (catalog/hidden.py: `sealed_reader`)."""
     session = (Session.objects.filter(team=team, sid=sid).select_related("environment__team", "version", "api_key")
                .first())
     if session is None:
@@ -601,7 +603,8 @@ def session_trajectory(*, team: Team, sid: str) -> dict[str, Any] | None:
     live = _open_totals([session.pk]).get(session.pk) if session.status in OPEN else None
     return {
         **session_row(session, live),
-        "task_spec": session.task_spec,
+        "task_spec": session_spec(session.task_spec, sealed=session.sealed,
+                                  environment_team_id=session.environment.team_id, reader=sealed_reader),
         "prompt": _blocks(session.prompt) if session.prompt is not None else None,
         "error": session.error,
         "total_calls": total_calls,

@@ -233,7 +233,7 @@ def _sort_links(request: HttpRequest, query: dict[str, str], sort: str) -> dict[
 
 @login_required
 def sessions(request: HttpRequest, team: str) -> HttpResponse:
-    team_obj = _team(request, team)
+    team_obj, reader = _team_and_reader(request, team)
     context: dict[str, Any] = {
         "team": team_obj, "tab": "sessions", "outcomes": list(OUTCOMES), "protocols": Session.Protocol.values,
         "environments": selectors.environments_for_team(team=team_obj),
@@ -251,7 +251,8 @@ def sessions(request: HttpRequest, team: str) -> HttpResponse:
     filters = params.filters
     context.update(_range_context(request, filters.window))
     try:
-        page = selectors.sessions_page(team=team_obj, filters=filters, page=params.page, sort=params.sort)
+        page = selectors.sessions_page(team=team_obj, filters=filters, page=params.page, sort=params.sort,
+                                       sealed_reader=reader)
     except ValidationError as exc:
         return _fail(request, "analytics/sessions.html", context, exc)
     query = filters.query()
@@ -271,8 +272,8 @@ def sessions(request: HttpRequest, team: str) -> HttpResponse:
 
 @login_required
 def session_detail(request: HttpRequest, team: str, sid: str) -> HttpResponse:
-    team_obj = _team(request, team)
-    trajectory = selectors.session_trajectory(team=team_obj, sid=sid)
+    team_obj, reader = _team_and_reader(request, team)
+    trajectory = selectors.session_trajectory(team=team_obj, sid=sid, sealed_reader=reader)
     if trajectory is None:
         raise Http404("No such session.")
     cumulative, total = [], 0.0
@@ -294,13 +295,13 @@ def session_detail(request: HttpRequest, team: str, sid: str) -> HttpResponse:
 
 
 def _export(request: HttpRequest, team: str, writer) -> HttpResponse:
-    team_obj = _team(request, team)
+    team_obj, reader = _team_and_reader(request, team)
     try:
         filters = parse_session_filters(request.GET, team=team_obj)
     except ValidationError as exc:
         return HttpResponse("Cannot export: " + " ".join(exc.messages) + "\n", status=400,
                             content_type="text/plain; charset=utf-8")
-    return writer(request, team=team_obj, filters=filters)
+    return writer(request, team=team_obj, filters=filters, sealed_reader=reader)
 
 
 @login_required

@@ -93,7 +93,8 @@ class AnalyticsSessionListView(APIView):
         team_obj = _team(request)
         try:
             params = parse_explorer_params(request.query_params, team=team_obj)
-            page = selectors.sessions_page(team=team_obj, filters=params.filters, page=params.page, sort=params.sort)
+            page = selectors.sessions_page(team=team_obj, filters=params.filters, page=params.page, sort=params.sort,
+                                           sealed_reader=hidden.sealed_reader(caller_of(request)))
         except DjangoValidationError as exc:
             raise _bad(exc) from None
         return Response(page)
@@ -104,7 +105,8 @@ class AnalyticsSessionDetailView(APIView):
 
     @extend_schema(operation_id="analytics_session", responses=OpenApiTypes.OBJECT)
     def get(self, request, sid: str):
-        trajectory = selectors.session_trajectory(team=_team(request), sid=sid)
+        trajectory = selectors.session_trajectory(team=_team(request), sid=sid,
+                                                  sealed_reader=hidden.sealed_reader(caller_of(request)))
         if trajectory is None:
             raise Http404("Session not found.")
         return Response(trajectory)
@@ -121,7 +123,8 @@ class _ExportView(APIView):
         except DjangoValidationError as exc:
             raise _bad(exc) from None
         # The Django request, not DRF's wrapper: the writer picks a sync or async body by its type.
-        return self.writer(request._request, team=team_obj, filters=filters)
+        return self.writer(request._request, team=team_obj, filters=filters,
+                           sealed_reader=hidden.sealed_reader(caller_of(request)))
 
 
 class AnalyticsExportJsonlView(_ExportView):

@@ -17,6 +17,7 @@ from orsplatform.api.serializers import (
     SessionSerializer,
     ToolCallSerializer,
 )
+from orsplatform.catalog import hidden
 from orsplatform.catalog.selectors import environment_get_visible, environment_of_team, environments_visible
 from orsplatform.catalog.services import EnvironmentGone, environment_delete
 from orsplatform.episodes.models import Session
@@ -96,7 +97,8 @@ class SessionDetailView(APIView):
 
     @extend_schema(responses=SessionDetailSerializer)
     def get(self, request, sid: str):
-        found = session_detail_for_team(team_id=caller_of(request).team_id, sid=sid)
+        caller = caller_of(request)
+        found = session_detail_for_team(team_id=caller.team_id, sid=sid, sealed_reader=hidden.sealed_reader(caller))
         if found is None:
             raise Http404("Session not found.")
         session, calls = found

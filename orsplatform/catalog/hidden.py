@@ -61,6 +61,13 @@ def sealed_reader(caller: Any) -> int | None:
     return caller.team_id if caller.team_id is not None and caller.can("publish") else None
 
 
+def session_spec(spec: Any, *, sealed: bool, environment_team_id: int | None, reader: int | None) -> Any:
+    """A session record's task spec as a viewer may see it: stored without the hidden fields
+    already; a sealed split's spec only for a `reader` (sealed_reader) of the environment's team,
+    None for anyone else, the team that ran the episode included."""
+    return spec if not sealed or (reader is not None and reader == environment_team_id) else None
+
+
 def sealed_reason(split: str, environment: str) -> str:
     return (f"Split {split!r} is sealed: its tasks are readable only with a publish key of the team that owns "
             f"{environment}. Episodes may still run on it by split and index, and num_tasks is public.")

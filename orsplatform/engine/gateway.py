@@ -217,9 +217,12 @@ class EpisodeGateway:
                 raise GatewayError(400, "Session already exists") from None
             raise
         owner["pk"] = pk
+        # What the live faces echo (OpenEnv's observation and state): a sealed split's spec only
+        # to a publish key of its owners, like every other read of it (docs/hidden-tasks.md).
+        echoed = public_spec if info is None or not info.sealed or hidden.owner_key(caller, env.team_id) else None
         live = LiveSession(sid=sid, pk=pk, team_id=caller.team_id, env=env, secrets=secret_values(secrets),
                            runner=runner, adopted_at=time.monotonic() if self.executor.shared else None,
-                           holds_slot=holds_slot, protocol=protocol, task_public=public_spec, split=split or "",
+                           holds_slot=holds_slot, protocol=protocol, task_public=echoed, split=split or "",
                            index=index)
         self.sessions[sid] = live
         if not early:

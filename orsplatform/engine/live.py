@@ -97,7 +97,8 @@ class LiveSession:
     # The session's secret values, only to strip them from the audit log's copy of each call.
     secrets: tuple[str, ...] = field(default=(), repr=False)
     protocol: str = "ors"
-    # The task as its caller may see it (hidden fields dropped), and where it is stored, if known.
+    # The task as its caller may see it (hidden fields dropped; None for a sealed split unless the
+    # caller holds a publish key of its owners), and where it is stored, if known.
     task_public: Any = None
     split: str = ""
     index: int | None = None

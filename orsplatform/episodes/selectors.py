@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orsplatform.catalog.hidden import session_spec
 from orsplatform.episodes.models import Session, ToolCall
 from orsplatform.teams.auth import Caller
 
@@ -49,8 +50,14 @@ def sessions_for_team(*, team_id: int, environment: str | None = None, status: s
     return list(qs.order_by("-id")[:limit])
 
 
-def session_detail_for_team(*, team_id: int, sid: str) -> tuple[Session, list[ToolCall]] | None:
+def session_detail_for_team(*, team_id: int, sid: str,
+                            sealed_reader: int | None) -> tuple[Session, list[ToolCall]] | None:
+    """The team's session as the caller may see it: a sealed split's task spec is None unless the
+    caller reads that environment's sealed specs (catalog/hidden.py: `sealed_reader`). The row is
+    for reading only."""
     session = Session.objects.filter(team_id=team_id, sid=sid).select_related("environment__team", "version").first()
     if session is None:
         return None
+    session.task_spec = session_spec(session.task_spec, sealed=session.sealed,
+                                     environment_team_id=session.environment.team_id, reader=sealed_reader)
     return session, list(session.tool_calls.order_by("started_at", "id"))

@@ -262,10 +262,13 @@ class _Ingest:
                 team_id=self.team_id, api_key_id=self.caller.api_key_id, environment_id=rollout.environment_id,
                 created_at__gte=rollout.started_at - LINK_WINDOW, created_at__lte=rollout.started_at + LINK_WINDOW,
                 rollouts__isnull=True).exclude(pk__in=taken)
-                .values_list("pk", "task_spec", "split", "task_index", "run_name", "created_at")[:LINK_CANDIDATES])
+                .values_list("pk", "task_spec", "split", "task_index", "run_name", "created_at", "sealed")
+                [:LINK_CANDIDATES])
             best = None
-            for pk, spec, split, index, run_name, created in candidates:
-                same = (rollout.task_spec is not None and spec == rollout.task_spec) or (
+            for pk, spec, split, index, run_name, created, sealed in candidates:
+                # A sealed split's session is matched by its index only: a link made on an equal
+                # spec would confirm a guess of a spec the caller may not read.
+                same = (rollout.task_spec is not None and not sealed and spec == rollout.task_spec) or (
                     rollout.task_index is not None and index == rollout.task_index
                     and (not rollout.split or split == rollout.split))
                 if same:

@@ -11,7 +11,7 @@ from orsplatform.catalog.hidden import digest, redact
 from orsplatform.catalog.models import Split, TaskDigest
 from orsplatform.episodes.models import Session
 from tests.catalog.support import in_thread
-from tests.catalog.vault import answer, leaked, publish_vault, set_split
+from tests.catalog.vault import answer, leaked, publish_vault, set_split, ward
 from tests.fixtures.ors import sse_result
 
 
@@ -98,7 +98,8 @@ async def test_an_episode_by_split_and_index_scores_and_records_the_redacted_tas
     assert right["output"]["reward"] == 1.0
     await client.post("/delete", headers=headers)
     row = await in_thread(lambda: Session.objects.get(sid=sid))()
-    assert row.sealed is True and row.task_spec == {"id": "test-5", "question": "Open vault test 5"}
+    assert row.sealed is True and row.task_spec == {"id": "test-5", "question": "Open vault test 5",
+                                                   "ward": ward(5)}
 
 
 async def test_showing_a_field_again_through_the_rest_api_serves_it_and_drops_its_digests(client, owner):

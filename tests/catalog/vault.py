@@ -1,7 +1,8 @@
 """The "vault" environment of the hidden-fields and sealed-split tests: tasks computed in code
 (list_tasks), each with an answer that must never leave the platform, a manifest that hides the
 answer and seals the test split. Every answer is a distinctive token, so a response body can be
-searched for them byte by byte."""
+searched for them byte by byte. The test split's tasks (sealed) carry a visible field of their own,
+`ward`, that neither the prompt nor a tool quotes: the canary of a sealed spec."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ VAULT_ENV = textwrap.dedent('''
         @classmethod
         def list_tasks(cls, split):
             return [{"id": f"{split}-{i}", "question": f"Open vault {split} {i}",
-                     "answer": f"SECRET{split.upper()}{i:03d}XQ"} for i in range(6)]
+                     "answer": f"SECRET{split.upper()}{i:03d}XQ",
+                     **({"ward": f"WARDSEALED{i:03d}ZQ"} if split == "test" else {})} for i in range(6)]
 
         def get_prompt(self):
             # The code sees the whole task: the prompt proves the answer reached it (by its length).
@@ -89,6 +91,25 @@ def leaked(body: bytes | str) -> list[bytes]:
     data = body.encode() if isinstance(body, str) else body
     found = [a for a in ANSWERS if a in data]
     return found + ([b"SECRET"] if b"SECRET" in data and not found else [])
+
+
+def ward(index: int) -> str:
+    """The sealed canary of test task `index` (a visible field: only the sealing withholds it)."""
+    return f"WARDSEALED{index:03d}ZQ"
+
+
+def sealed_leaked(body: bytes | str) -> list[bytes]:
+    """The sealed specs' canaries a response body carries (the byte-for-byte search)."""
+    data = body.encode() if isinstance(body, str) else body
+    found = [w for w in (ward(i).encode() for i in range(6)) if w in data]
+    return found + ([b"WARDSEALED"] if b"WARDSEALED" in data and not found else [])
+
+
+def body_of(response) -> bytes:
+    """A Django test response's bytes, streamed ones (exports) included."""
+    if getattr(response, "streaming", False):
+        return b"".join(response.streaming_content)
+    return response.content
 
 
 def publish_vault(owner) -> dict:
