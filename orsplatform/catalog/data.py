@@ -5,7 +5,7 @@ An archive (zip or tar.gz, up to ORS_MAX_DATA_ARCHIVE_BYTES) is unpacked with th
 (catalog/packages.py: no links, no escaping paths, bounded size, file count and ratio) into
 ``ORS_DATA_DIR/<sha256 of the archive>``; the same archive uploaded again (by any team, for any
 version) is that folder again. A version's stored package names its data folder in
-``<package>.data`` (sandbox/pool.data_of), which the sandbox mounts read-only at /orwd_data;
+``<package>.data`` (sandbox/bwrap.data_of), which the sandbox mounts read-only at /orwd_data;
 without an archive, the package's own ``data/`` folder is mounted there.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from django.conf import settings
 
 from orsplatform.catalog import packages
-from orsplatform.sandbox.pool import DATA_SUFFIX
+from orsplatform.sandbox.bwrap import DATA_SUFFIX
 
 LISTED_FILES = 1000  # files shown on the environment page (the rest counted)
 

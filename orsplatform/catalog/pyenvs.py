@@ -47,8 +47,8 @@ from orsplatform.catalog import sdists
 from orsplatform.catalog.requirements import platform_pins
 from orsplatform.executors import inspection
 from orsplatform.sandbox import untrusted_files, users
+from orsplatform.sandbox.bwrap import RUNTIME_SUFFIX, sandboxed
 from orsplatform.sandbox.config import Limits, SandboxConfig
-from orsplatform.sandbox.pool import RUNTIME_SUFFIX, sandboxed
 
 BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "sandbox" / "build.py"
 SANDBOX_BUILD_SCRIPT = "/ors/build.py"
@@ -456,7 +456,7 @@ def ensure(requirements: list[str], log: BuildLog) -> Built:
 
 
 def record_runtime(package_path: str, runtime: Path | None) -> None:
-    """Tell the sandbox pool which interpreter runs the stored package (sandbox/pool.runtime_of)."""
+    """Tell the sandbox pool which interpreter runs the stored package (sandbox/bwrap.runtime_of)."""
     marker = Path(package_path.rstrip("/") + RUNTIME_SUFFIX)
     if runtime is None:
         marker.unlink(missing_ok=True)

@@ -32,10 +32,10 @@ from typing import IO, Any
 import orjson
 from django.conf import settings
 
+from orsplatform.sandbox.bwrap import runtime_of
 from orsplatform.sandbox.cgroups import WorkerCgroup
 from orsplatform.sandbox.config import SandboxConfig
 from orsplatform.sandbox.inspect import CHILDREN, child_command
-from orsplatform.sandbox.pool import runtime_of
 
 READ_CHUNK = 256 * 1024
 OUTPUT_TAIL_BYTES = 8000
@@ -289,7 +289,7 @@ def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float
               feed: bytes = b"", runtime: str | None = None) -> ChildRun:
     """Run the child `module` (sandbox/inspect.py: CHILDREN) as `<module> PACKAGE_DIR ARGS...` on a
     tenant's package, with `feed` on its stdin and its result pipe read into `results`. `runtime` is the package's built Python
-    environment; by default the one recorded beside a stored package (sandbox/pool.runtime_of),
+    environment; by default the one recorded beside a stored package (sandbox/bwrap.runtime_of),
     else the platform's own."""
     runtime = runtime or runtime_of(str(package_dir))
     memory, file_bytes = settings.ORS_INSPECT_MEMORY_BYTES, settings.ORS_INSPECT_FILE_BYTES

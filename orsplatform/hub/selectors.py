@@ -21,7 +21,7 @@ from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, T
 from orsplatform.episodes.models import Session
 from orsplatform.hub import files as package_files
 from orsplatform.hub.markdown import render_markdown
-from orsplatform.sandbox.pool import SANDBOX_DATA
+from orsplatform.sandbox.bwrap import SANDBOX_DATA
 from orsplatform.teams.models import Membership, Team
 
 PUBLISHER_ROLES = (Membership.Role.OWNER, Membership.Role.ADMIN, Membership.Role.MEMBER)

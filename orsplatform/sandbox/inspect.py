@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from orsplatform.sandbox import binding
+from orsplatform.sandbox.bwrap import data_binds, python_of, sandboxed
 from orsplatform.sandbox.cgroups import WorkerCgroup
 from orsplatform.sandbox.config import Limits, SandboxConfig
-from orsplatform.sandbox.pool import data_binds, python_of, sandboxed
 
 PACKAGE = "/ors/env"
 # The child modules, by the name run_child is given.
