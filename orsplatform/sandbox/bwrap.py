@@ -66,6 +66,8 @@ def data_of(package_dir: str) -> str | None:
 
 def data_binds(package_dir: str) -> list[str]:
     data = data_of(package_dir)
+    if data:
+        users.readable(data)
     return ["--ro-bind", data, SANDBOX_DATA] if data else []
 
 
@@ -129,6 +131,7 @@ def command(config: SandboxConfig, package_dir: str, limits: Limits, cgroup: Wor
     # mount names its source directory (the package store's <hash>) in /proc/self/mountinfo.
     files = _package_files(package_dir)
     if files is None:
+        users.readable(package_dir)
         package = ["--ro-bind", package_dir, SANDBOX_PACKAGE]
         copies: list[list[str]] = []
     else:

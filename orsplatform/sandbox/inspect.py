@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orsplatform.sandbox import binding
+from orsplatform.sandbox import binding, users
 from orsplatform.sandbox.bwrap import data_binds, python_of, sandboxed
 from orsplatform.sandbox.cgroups import WorkerCgroup
 from orsplatform.sandbox.config import Limits, SandboxConfig
@@ -33,6 +33,7 @@ def child_command(config: SandboxConfig, *, module: str, package_dir: Path, args
                   cgroup: WorkerCgroup | None = None) -> list[str]:
     """argv running the child `module` (CHILDREN) in the sandbox as `<module> PACKAGE <args...>`."""
     dotted = CHILDREN[module]
+    users.readable(str(package_dir))
     binds = [
         "--ro-bind", str(package_dir), PACKAGE,
         *binding.module_binds((dotted, *binding.CHILD_MODULES)),

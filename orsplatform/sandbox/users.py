@@ -24,8 +24,10 @@ Standard library only: launch.py shares the constants by value, not by import.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import stat
 
 # Host uids and gids UID_BASE..UID_BASE + pid_max (at most 2**22): systemd leaves 0x70000000 to
 # 0x7FFDFFFF unused (its container ranges end below it), nothing in /etc/passwd or /etc/subuid
@@ -73,3 +75,23 @@ def launch_spec(owned: list[str] | None = None, *, host_uid: int | None = None) 
     if not dropping():
         return None
     return {"base": UID_BASE, "host": host_uid, "inside": SANDBOX_UID, "owned": list(owned or [])}
+
+
+@functools.lru_cache(maxsize=1024)
+def readable(top: str) -> None:
+    """Make a folder the sandbox binds (a stored package, its data, a copy being inspected) readable
+    by the sandbox's user: folders 0755, files 0644 (0755 if executable), links untouched. A
+    package copied from a 0700 folder (a pytest tmp_path, an upload's temporary root) or holding
+    0600 files was readable only while tenant code ran as the host's root. Only ever adds read bits;
+    once per folder and process (stored packages never change); nothing to do when not root."""
+    if not dropping() or not os.path.isdir(top):
+        return
+    for dirpath, dirnames, filenames in os.walk(top):
+        for path in (dirpath, *(os.path.join(dirpath, f) for f in filenames)):
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            want = mode | (0o555 if stat.S_ISDIR(st.st_mode) or mode & 0o111 else 0o444)
+            if want != mode:
+                os.chmod(path, want)

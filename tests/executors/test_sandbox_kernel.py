@@ -30,8 +30,8 @@ KERNEL = "globex/kernel"
 REFUSED = ("ptrace", "process_vm_readv", "unshare", "mount", "bpf", "io_uring_setup", "perf_event_open", "keyctl")
 
 
-async def probe(client, person, sid: str, what: str, arg: str = "", n: int = 0, m: int = 0):
-    r = await client.post(f"/{KERNEL}/call", headers=sid_headers(person, sid),
+async def probe(client, person, sid: str, what: str, arg: str = "", n: int = 0, m: int = 0, env: str = KERNEL):
+    r = await client.post(f"/{env}/call", headers=sid_headers(person, sid),
                           json={"name": "probe", "input": {"what": what, "arg": arg, "n": n, "m": m}})
     assert r.status_code == 200, r.text
     result = sse_result(r.text)

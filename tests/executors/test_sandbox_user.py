@@ -12,8 +12,10 @@ import os
 import pytest
 
 from orsplatform.sandbox import users
+from tests.executors.kernel_env import write_kernel_env
 from tests.executors.test_hostile_tenants import open_session
 from tests.executors.test_sandbox_kernel import KERNEL, probe, workers_of
+from tests.ors.support import in_db
 
 RUNTIMES = ["bwrap"]
 KERNEL_FILES = "/proc,/sys"  # every kernel file of /proc (not the processes' own) and /sys
@@ -85,3 +87,26 @@ async def test_a_callers_page_touches_on_a_shared_file_do_not_reach_the_authors_
     asked = await probe(sbx, outsider, author, "residency", "nowait", n=0, m=6)
     assert asked["ok"] is True, asked
     assert set(asked["value"]["pages"].values()) == {-errno.EOPNOTSUPP}, asked
+
+
+async def test_a_package_of_private_files_too_large_to_copy_is_still_read_by_the_unprivileged_worker(
+        runtime, sbx, outsider, tmp_path):
+    """Bound (not copied: over COPY_MAX_FILES) and published from a 0700 folder holding 0600 files:
+    readable by the sandbox's user, which owns none of them."""
+    from orsplatform.catalog.services import environment_publish
+    from orsplatform.sandbox.bwrap import COPY_MAX_FILES
+
+    source = tmp_path / "private"
+    write_kernel_env(source)
+    (source / "manifest.toml").write_text((source / "manifest.toml").read_text().replace('"kernel"', '"bigkernel"'))
+    (source / "filler").mkdir()
+    for n in range(COPY_MAX_FILES + 10):
+        (source / "filler" / f"{n}.txt").write_text(str(n))
+    for path in [source, *source.rglob("*")]:
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    await in_db(lambda: environment_publish(team=outsider.team, source_dir=source))
+    sid = await open_session(sbx, outsider, "globex/bigkernel")
+    seen = await probe(sbx, outsider, sid, "read", "/ors/env/filler/7.txt", env="globex/bigkernel")
+    assert seen == {"ok": True, "value": "7"}, seen
+    mounts = await probe(sbx, outsider, sid, "read", "/proc/self/mountinfo", env="globex/bigkernel")
+    assert "/ors/env" in [line.split()[4] for line in mounts["value"].splitlines()]  # bound, not copied
