@@ -145,6 +145,9 @@ LOGOUT_REDIRECT_URL = "/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["orsplatform.api.auth.ApiKeyAuthentication"],
+    # JSON through the platform's bounded decoder (depth, no NaN/Infinity): a 400, never a 500.
+    "DEFAULT_PARSER_CLASSES": ["orsplatform.api.parsers.BoundedJSONParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
     "DEFAULT_PERMISSION_CLASSES": [],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

@@ -13,12 +13,13 @@ from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from orsplatform.api.auth import CatalogAccess, authorize_request, caller_of
+from orsplatform.api.parsers import BoundedJSONParser
 from orsplatform.catalog import hidden, selectors
 from orsplatform.catalog.ingest import IngestError
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split
@@ -317,7 +318,7 @@ class VersionDetailView(APIView):
 
 class RollbackView(APIView):
     permission_classes = [PublishAccess]
-    parser_classes = [JSONParser, FormParser, MultiPartParser]
+    parser_classes = [BoundedJSONParser, FormParser, MultiPartParser]
 
     @extend_schema(request=RollbackSerializer, responses=RolledBackSerializer)
     def post(self, request, team: str, slug: str):

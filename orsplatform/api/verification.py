@@ -13,12 +13,13 @@ from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
-from rest_framework.parsers import FormParser, JSONParser
+from rest_framework.parsers import FormParser
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from orsplatform.api.auth import authorize_request, caller_of
+from orsplatform.api.parsers import BoundedJSONParser
 from orsplatform.catalog import selectors as catalog
 from orsplatform.catalog.models import Environment
 from orsplatform.teams.auth import Access
@@ -102,7 +103,7 @@ class VerificationView(APIView):
 
 class VersionConfirmView(APIView):
     permission_classes = [VerifyAccess]
-    parser_classes = [JSONParser, FormParser]
+    parser_classes = [BoundedJSONParser, FormParser]
 
     @extend_schema(request=None, responses={200: VerificationSerializer, 409: None})
     def post(self, request, team: str, slug: str, number: int):
@@ -116,7 +117,7 @@ class VersionConfirmView(APIView):
 
 class VerifySettingsView(APIView):
     permission_classes = [VerifyAccess]
-    parser_classes = [JSONParser, FormParser]
+    parser_classes = [BoundedJSONParser, FormParser]
 
     @extend_schema(responses=VerifySettingsSerializer)
     def get(self, request, team: str, slug: str):

@@ -23,6 +23,7 @@ import orjson
 from django.conf import settings
 from django.db import connection
 
+from orsplatform import bounded_json
 from orsplatform.catalog.models import Task
 
 FORMATS = ("jsonl", "csv", "parquet")
@@ -157,9 +158,9 @@ def sniff(path: Path, fmt: str) -> None:
 
 def _loads_object(raw: bytes | str, errors: Errors, line: int) -> bool:
     try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        errors.add(line, f"invalid JSON: {exc}")
+        value = bounded_json.loads(raw)
+    except bounded_json.JsonRefused as exc:
+        errors.add(line, str(exc))
         return False
     if not isinstance(value, dict):
         errors.add(line, f"expected a JSON object, got {_kind(value)}")

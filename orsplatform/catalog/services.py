@@ -21,6 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, 
 from django.db.models import Max, Sum
 from django.utils import timezone
 
+from orsplatform import bounded_json
 from orsplatform.catalog import data, ingest, packages, protection, pyenvs, row_check
 from orsplatform.catalog import requirements as package_requirements
 from orsplatform.catalog.errors import one_line, tenant_output
@@ -274,8 +275,8 @@ def _first_task(path: Path, fmt: str) -> dict | None:
     try:
         ingest.sniff(path, fmt)
         for _, text in ingest.READERS[fmt](path, errors, [0]):
-            return json.loads(text)
-    except IngestError:
+            return bounded_json.loads(text)
+    except (IngestError, bounded_json.JsonRefused):
         return None  # reported properly when the file is ingested
     return None
 

@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-import orjson
 from channels.routing import URLRouter
 from django.conf import settings
 from django.urls import re_path
 from pydantic import ValidationError
 
+from orsplatform import bounded_json
 from orsplatform.catalog.selectors import EnvHandle
 from orsplatform.engine import hints
 from orsplatform.engine.errors import UNAVAILABLE, GatewayError
@@ -258,9 +258,9 @@ class OpenEnvFace:
 
     async def http_mcp(self, caller: Caller, env: EnvHandle, body: bytes, token: str | None) -> Any:
         try:
-            request = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return rpc_error(None, PARSE_ERROR, "Parse error")
+            request = bounded_json.loads(body)
+        except bounded_json.JsonRefused as exc:
+            return rpc_error(None, PARSE_ERROR, f"Parse error: {exc}")
         if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or not isinstance(request.get("method"), str):
             return rpc_error(request.get("id") if isinstance(request, dict) else None, INVALID_REQUEST,
                              "Invalid request: expected a JSON-RPC 2.0 request object")
@@ -404,9 +404,9 @@ class OpenEnvFace:
                            guard: Uninterruptible) -> tuple[str | None, int | None]:
         """One client frame's answer (a frame to send, or None) and a close code (or None)."""
         try:
-            message = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            return dumps(error_frame(f"Invalid JSON: {exc}", INVALID_JSON)), None
+            message = bounded_json.loads(raw)
+        except bounded_json.JsonRefused as exc:
+            return dumps(error_frame(str(exc), INVALID_JSON)), None
         if not isinstance(message, dict):
             return dumps(error_frame("Invalid message: expected a JSON object", VALIDATION_ERROR)), None
         kind = message.get("type", "")
@@ -485,8 +485,8 @@ def _json(body: bytes) -> Any:
     if not body.strip():
         return None
     try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        return bounded_json.loads(body)
+    except bounded_json.JsonRefused as exc:
         # FastAPI's shape for a body that is not JSON.
         raise Unprocessable([{"type": "json_invalid", "loc": ["body", 0], "msg": "JSON decode error",
                               "input": {}, "ctx": {"error": str(exc)}}]) from None

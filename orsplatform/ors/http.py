@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from orsplatform import bounded_json
 from orsplatform.engine.errors import GatewayError
 
 # Every response of the ORS and OpenEnv faces is built from one of these two constant lists; nosniff
@@ -51,9 +52,9 @@ class Request:
                 self._json = {}
             else:
                 try:
-                    self._json = orjson.loads(self.body)
-                except orjson.JSONDecodeError as exc:
-                    raise HttpError(400, f"Request body is not valid JSON: {exc}") from None
+                    self._json = bounded_json.loads(self.body)
+                except bounded_json.JsonRefused as exc:
+                    raise HttpError(400, f"Request body: {exc}") from None
             if not isinstance(self._json, dict):
                 raise HttpError(400, "Request body must be a JSON object.")
         return self._json

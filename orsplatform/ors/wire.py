@@ -8,8 +8,7 @@ import binascii
 import re
 from typing import Any
 
-import orjson
-
+from orsplatform import bounded_json
 from orsplatform.ors.http import HttpError, Request
 
 SID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -76,7 +75,9 @@ def secrets_from_header(req: Request) -> dict[str, str]:
     if raw is None or not raw.strip():
         return {}
     try:
-        data = orjson.loads(base64.b64decode(raw.strip(), validate=True))
+        data = bounded_json.loads(base64.b64decode(raw.strip(), validate=True))
+    except bounded_json.JsonRefused as exc:
+        raise HttpError(400, f"X-Secrets must be base64-encoded JSON: {exc}") from None
     except (binascii.Error, ValueError):
         raise HttpError(400, "X-Secrets must be base64-encoded JSON") from None
     return _secret_map(data, "X-Secrets")

@@ -14,13 +14,13 @@ only on 5xx, so everything wrong with a batch is a 4xx here (it is dropped, not 
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from orsplatform import bounded_json
 from orsplatform.runs.naming import BadRunName, run_name_clean
 
 MESSAGE_TYPES = frozenset({"reasoning", "tool_call", "tool_result", "user_message", "assistant_message",
@@ -105,8 +105,11 @@ def decode_body(body: bytes, content_encoding: str | None, *, max_bytes: int) ->
     elif encoding != "identity":
         raise BadBatch(f"Unsupported Content-Encoding {encoding!r}; send gzip or none.", 415)
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+        # Lone surrogates are taken (and cleaned by _clean): the client's json.dumps writes them.
+        return bounded_json.loads(body, lone_surrogates=True)
+    except (bounded_json.JsonTooDeep, bounded_json.JsonNotFinite) as exc:
+        raise BadBatch(str(exc), 400) from None
+    except ValueError:
         raise BadBatch("The body must be JSON: {\"events\": [...]}.", 400) from None
 
 

@@ -4,12 +4,13 @@ with the line that is wrong) and read again by the replay. Django-free but for s
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
+
+from orsplatform import bounded_json
 
 SOLUTIONS_PATH = "verify/solutions.jsonl"
 
@@ -94,7 +95,7 @@ def read_solutions(package_dir: Path) -> list[Solution]:
         if not text.strip():
             continue
         try:
-            raw = json.loads(text)
+            raw = bounded_json.loads(text, lone_surrogates=True)
         except ValueError as exc:
             raise VerifyConfigError(f"{SOLUTIONS_PATH} line {number}: not JSON ({exc}).") from None
         solutions.append(_solution(number, raw))

@@ -105,7 +105,7 @@ def test_malformed_lines_and_mixed_types_are_reported_with_their_line_numbers(ow
     assert "no task was written" in body["detail"]
     errors = {e["line"]: e["error"] for e in body["errors"]}
     assert sorted(errors) == [2, 4, 5, 7]
-    assert errors[2].startswith("invalid JSON")
+    assert errors[2].startswith("Not valid JSON")
     assert errors[4] == "expected a JSON object, got an array"
     assert errors[5] == "expected a JSON object, got a string"
     assert errors[7] == "expected a JSON object, got a number"

@@ -121,7 +121,43 @@ async def test_non_finite_rewards_are_refused(client, owner):
     rollout = started()
     body = json.dumps({"events": [rollout, message(rollout, 0, reward=float("nan"))]})
     r = await client.post("/v1/rollouts", headers={**owner.headers, "Content-Type": "application/json"}, content=body)
-    assert_detail(r, 422)
+    assert "Non-finite numbers are not accepted" in assert_detail(r, 400)
+
+
+def _nested(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+async def test_deep_nesting_and_non_finite_numbers_anywhere_are_a_400_that_says_so_and_write_nothing(
+        client, owner, outsider):
+    rollout = started()
+    bodies = {
+        "100000 [": (b'{"events": [' + b"[" * 100_000, "nested too deeply: at most 100 levels"),
+        "150 levels of metadata": (json.dumps({"events": [{**rollout, "metadata": _nested(150)}]}).encode(),
+                                   "nested too deeply: at most 100 levels"),
+        # NaN where nothing checks it: PostgreSQL's jsonb refused it at insert, answered a misleading 409.
+        "NaN metadata": (json.dumps({"events": [{**rollout, "metadata": {"score": float("nan")}}]}).encode(),
+                         "Non-finite numbers are not accepted"),
+        "Infinity task_spec": (json.dumps({"events": [{**rollout, "task_spec": {"x": float("inf")}}]}).encode(),
+                               "Non-finite numbers are not accepted"),
+        "-Infinity step": (json.dumps({"events": [rollout]}).replace('"r1"', '"r1", "step": -Infinity').encode(),
+                           "Non-finite numbers are not accepted"),
+    }
+    for person in (owner, outsider):
+        for label, (content, reason) in bodies.items():
+            r = await client.post("/v1/rollouts", content=content,
+                                  headers={**person.headers, "Content-Type": "application/json"})
+            assert reason in assert_detail(r, 400), label
+            gzipped = await client.post("/v1/rollouts", content=gzip.compress(content),
+                                        headers={**person.headers, "Content-Encoding": "gzip"})
+            assert reason in assert_detail(gzipped, 400), label
+    assert await acounts() == (0, 0, 0)
+    # The same batch, clean, is taken: nothing of the refused ones was left half-written.
+    assert (await post(client, owner, [rollout, message(rollout, 0, metadata={"score": 1.0})])).json() == {
+        "accepted": 2, "duplicates": 0}
 
 
 async def test_nul_characters_and_lone_surrogates_are_stored_not_a_500(client, owner):
