@@ -86,7 +86,7 @@ def readable(top: str) -> None:
     once per folder and process (stored packages never change); nothing to do when not root."""
     if not dropping() or not os.path.isdir(top):
         return
-    for dirpath, dirnames, filenames in os.walk(top):
+    for dirpath, _dirnames, filenames in os.walk(top):
         for path in (dirpath, *(os.path.join(dirpath, f) for f in filenames)):
             st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):
