@@ -1,6 +1,6 @@
-"""Fixtures of the sandbox-kernel tests (test_sandbox_kernel.py, test_sandbox_user.py): a gateway whose
-inline executor runs real bubblewrap workers, a client on it, the kernel-probing environment
-(kernel_env.py, published by globex) and team A's probe environment."""
+"""Fixtures of the sandbox tests (test_hostile_tenants.py, test_sandbox_kernel.py,
+test_sandbox_user.py): a gateway whose inline executor runs real bubblewrap workers, a client on it,
+the kernel-probing environment (kernel_env.py, published by globex) and team A's probe environment."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.ors.support import in_db, publish_probe_sync
 
 @pytest.fixture
 async def sandbox_app(live_db):
+    # Short idle and grace periods so retired and killed workers are seen within a test.
     config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=1.0, grace_seconds=1.0)
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     yield app

@@ -30,7 +30,7 @@ from orsplatform.sandbox import binding
 from orsplatform.sandbox.config import SandboxConfig, SandboxUnavailable
 from tests.executors.hostile import CANARY_PATTERN, write_hostile
 from tests.fixtures.ors import parse_sse, sse_result
-from tests.ors.support import in_db, publish_probe_sync, sid_headers, wait_for
+from tests.ors.support import in_db, sid_headers, wait_for
 
 # The modules of the platform a sandbox worker may hold: those binding.py binds, and their packages.
 WORKER_HELD = {m.rsplit(".", i)[0] for m in binding.WORKER_MODULES for i in range(m.count(".") + 1)}
@@ -44,33 +44,12 @@ def canary() -> str:
 
 
 @pytest.fixture
-async def sandbox_app(live_db):
-    # Short idle and grace periods so retired and killed workers are seen within a test.
-    config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=1.0, grace_seconds=1.0)
-    app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
-    yield app
-    await app.shutdown()
-
-
-@pytest.fixture
-async def sbx(sandbox_app):
-    transport = httpx.ASGITransport(app=build_application(sandbox_app))
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as c:
-        yield c
-
-
-@pytest.fixture
 async def hostile(outsider, tmp_path):
     from orsplatform.catalog.services import environment_publish
 
     write_hostile(tmp_path / "hostile")
     version = await in_db(lambda: environment_publish(team=outsider.team, source_dir=tmp_path / "hostile").version)
     return version.package_path
-
-
-@pytest.fixture
-async def probe_a(owner, tmp_path):
-    return await in_db(publish_probe_sync, owner.team, tmp_path / "a")
 
 
 def secret_header(values: dict[str, str]) -> dict[str, str]:
