@@ -110,7 +110,7 @@ def test_a_failed_task_upload_shows_the_bad_lines(owner):
     quiz = bare_environment(owner.team, "quiz")
     response = upload_tasks(client, "acme", quiz, "train", "t.jsonl", '{"question": "a"}\nnot json\n[]\n')
     page = client.get(response["Location"]).content.decode()
-    assert "failed" in page and "line 2: invalid JSON" in page and "line 3: expected a JSON object" in page
+    assert "failed" in page and "line 2: Not valid JSON" in page and "line 3: expected a JSON object" in page
 
 
 def test_a_task_upload_without_a_split_name_is_a_form_error(owner):
