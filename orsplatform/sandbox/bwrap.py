@@ -250,11 +250,7 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         argv = [SANDBOX_PYTHON, *argv[1:]]
     else:
         system = _system_binds(runtime)
-    spaces = users.bwrap_options()
-    if limits.network:  # the host's network namespace, where a manifest may ask for it
-        spaces = ["--share-net", *spaces] if "--unshare-all" in spaces else [a for a in spaces if a != "--unshare-net"]
-    elif "--unshare-all" in spaces and _disable_userns(config.bwrap):
-        spaces += ["--unshare-user", "--disable-userns"]
+    spaces = users.bwrap_options(network=limits.network, disable_userns=lambda: _disable_userns(config.bwrap))
     args = [
         config.bwrap, *spaces, "--die-with-parent", "--new-session",
         "--hostname", "sandbox", "--clearenv",

@@ -28,6 +28,7 @@ import functools
 import os
 import shutil
 import stat
+from collections.abc import Callable
 
 # Host uids and gids UID_BASE..UID_BASE + pid_max (at most 2**22): systemd leaves 0x70000000 to
 # 0x7FFDFFFF unused (its container ranges end below it), nothing in /etc/passwd or /etc/subuid
@@ -37,6 +38,8 @@ UID_BASE = 0x70000000
 SANDBOX_UID = 1000
 # What bubblewrap keeps for setpriv, which drops them all with the switch.
 SWITCH_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+# Every namespace but the user's, which launch.py makes.
+SPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
 
 
 def dropping() -> bool:
@@ -44,12 +47,15 @@ def dropping() -> bool:
     return os.geteuid() == 0
 
 
-def bwrap_options() -> list[str]:
+def bwrap_options(*, network: bool, disable_userns: Callable[[], bool]) -> list[str]:
     """bubblewrap's namespace and capability options: a user namespace of launch.py's making when
-    root (no --unshare-user then), bubblewrap's own otherwise."""
-    spaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    root (no --unshare-user then: launch.py caps nested namespaces in it), bubblewrap's own
+    otherwise (with --disable-userns where `disable_userns()` says this bubblewrap can); the host's
+    network namespace only when `network`."""
     if not dropping():
-        return ["--unshare-all", "--cap-drop", "ALL"]
+        return ["--unshare-all", *(["--share-net"] if network else []),
+                *(["--unshare-user", "--disable-userns"] if disable_userns() else []), "--cap-drop", "ALL"]
+    spaces = [s for s in SPACES if not (network and s == "--unshare-net")]
     return [*spaces, "--cap-drop", "ALL", *(a for cap in SWITCH_CAPS for a in ("--cap-add", cap))]
 
 
