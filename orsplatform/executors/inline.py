@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from orsplatform.containers import worker as containers
 from orsplatform.executors.executor import (
     CallOutcome,
     Executor,
@@ -120,7 +121,8 @@ class InlineExecutor(Executor):
                  on_lost: Callable[[list[str], str], None] | None = None) -> None:
         # on_lost(sids, reason): sessions whose worker ended (a runner node records them as lost).
         install_django_settings()
-        self.pool = SandboxPool(checked(config or sandbox_config(threads)), on_lost=on_lost)
+        self.pool = SandboxPool(checked(config or sandbox_config(threads)), on_lost=on_lost,
+                                worker_class=containers.worker_class)
         self._live: dict[str, _Live] = {}
         self._teardowns: set[asyncio.Task] = set()
 

@@ -515,9 +515,12 @@ class _Frames:
 
 class SandboxPool:
     def __init__(self, config: SandboxConfig,
-                 on_lost: Callable[[list[str], str], None] | None = None) -> None:
+                 on_lost: Callable[[list[str], str], None] | None = None,
+                 worker_class: Callable[[str], type[Worker]] | None = None) -> None:
         self.config = config
         self.on_lost = on_lost
+        # package dir -> the kind of worker that runs it (a container for an image; containers/worker.py)
+        self.worker_class = worker_class or (lambda package_dir: Worker)
         self._workers: dict[tuple, list[Worker]] = {}
         self._locks: dict[tuple, asyncio.Lock] = {}
         self._spawning: dict[tuple, asyncio.Task] = {}  # a pair's next worker, while it starts
@@ -596,7 +599,7 @@ class SandboxPool:
                 log.warning("sandbox worker for %s starts in %.1f s: its last one was killed for breaking the "
                             "channel's protocol", label, wait)
                 await asyncio.sleep(wait)
-            worker = Worker(key, label, self.config)
+            worker = self.worker_class(package_dir)(key, label, self.config)
             worker.on_death = self.on_lost
             worker.on_fault = functools.partial(self._faulted, key)
             await worker.spawn(package_dir, limits)

@@ -122,7 +122,7 @@ class Shim:
                 status, _ = await http_get(self.port, "/health", timeout=2)
                 if status == 200:
                     break
-            except (OSError, asyncio.TimeoutError, ValueError, IndexError):
+            except (OSError, asyncio.TimeoutError, ValueError, IndexError):  # noqa: UP041 - 3.10 images
                 pass
             if time.monotonic() > deadline:
                 raise SystemExit(f"The image's server did not answer /health on port {self.port} within "

@@ -1,0 +1,118 @@
+"""A container as a pool worker: one container serves the sessions of one (version, calling team)
+pair, exactly as a sandbox worker does (sandbox/pool.py starts, places, retires and reports it).
+
+The container runs the version's image under gVisor (the engine's ``ors-runsc`` runtime, whose
+flags are runtime.py's: no network, the image's root behind an overlay in memory), with the
+pair's memory, CPU, process and open-file limits, no capabilities beyond Docker's defaults, no
+new privileges, and none of the platform's variables or secrets. Its process is the shim
+(inside/shim.py, bound read-only at /.ors) speaking the worker protocol on stdio; the author's
+server runs beside it on the container's own loopback. Killing the worker removes the container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import logging
+import secrets
+import subprocess
+import threading
+from pathlib import Path
+
+from orsplatform.containers import engine as engines
+from orsplatform.containers.images import ImageRecord, record_path, record_read
+from orsplatform.containers.runtime import RUNTIME_NAME
+from orsplatform.sandbox.config import Limits
+from orsplatform.sandbox.pool import MAX_FRAME, Worker, WorkerGone
+
+log = logging.getLogger("orsplatform.containers")
+INSIDE = Path(__file__).with_name("inside")
+SHIM = "/.ors/shim.py"
+START_SECONDS = 120.0  # a first start imports the author's server under gVisor
+DEFAULT_CPUS = 2.0
+
+_engine: engines.Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def shared_engine() -> engines.Engine:
+    """This process's share of the engine, taken on first use and given back at exit."""
+    global _engine
+    with _engine_lock:
+        if _engine is None:
+            _engine = engines.acquire()
+            atexit.register(engines.release, _engine)
+        return _engine
+
+
+def is_container(package_dir: str) -> bool:
+    return record_path(package_dir).exists()
+
+
+def worker_class(package_dir: str) -> type[Worker]:
+    """The pool's choice of worker for a package: a container for a package built into an image."""
+    return ContainerWorker if is_container(package_dir) else Worker
+
+
+def run_argv(engine: engines.Engine, record: ImageRecord, limits: Limits, name: str, cpus: float) -> list[str]:
+    spec = {"command": record.command, "port": record.port, "start_seconds": START_SECONDS}
+    memory = str(limits.memory_bytes)
+    return engine.argv(
+        "run", "--rm", "-i", "--name", name, "--runtime", RUNTIME_NAME, "--network", "none",
+        "--memory", memory, "--memory-swap", memory, "--pids-limit", str(limits.processes),
+        "--cpus", f"{cpus:g}", "--ulimit", f"nofile={limits.open_files}:{limits.open_files}",
+        "--security-opt", "no-new-privileges", "--label", "ors.container=true",
+        "--log-driver", "none", "-v", f"{INSIDE}:/.ors:ro", "--entrypoint", "/usr/bin/env",
+        record.image, "python3", SHIM, json.dumps(spec))
+
+
+class ContainerWorker(Worker):
+    name: str = ""
+
+    async def spawn(self, package_dir: str, limits: Limits) -> None:
+        self._limits = limits
+        record = record_read(package_dir)
+        if record is None:
+            raise WorkerGone(f"The environment {self.label} has no image (its build did not finish).")
+        try:
+            engine = await asyncio.to_thread(shared_engine)
+        except engines.EngineUnavailable as exc:
+            raise WorkerGone(f"The environment {self.label} is a container and containers cannot run here: "
+                             f"{exc}") from None
+        self.name = f"ors-{secrets.token_hex(8)}"
+        argv = run_argv(engine, record, limits, self.name, DEFAULT_CPUS)
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            limit=MAX_FRAME, env=engine.env(), start_new_session=True, close_fds=True)
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._reader = asyncio.create_task(self._read())
+        asyncio.create_task(self._drain_stderr())
+        try:
+            async with asyncio.timeout(max(self.config.start_seconds, START_SECONDS)):
+                await asyncio.shield(self._ready)
+        except (TimeoutError, WorkerGone) as exc:
+            self.kill("it did not start in time" if isinstance(exc, TimeoutError) else None)
+            detail = "; ".join(self._stderr)[-2000:]
+            raise WorkerGone(f"The container for environment {self.label} could not start"
+                             f"{': ' + detail if detail else ''}.") from None
+
+    def kill(self, reason: str | None = None, fault: bool = False) -> None:
+        running = self.proc is not None and self.proc.returncode is None
+        super().kill(reason, fault)
+        if self.name and (running or self.kill_reason):
+            name, self.name = self.name, ""
+            # The CLI's death leaves the container running: it is removed by name, off the loop.
+            threading.Thread(target=_remove, args=(name,), daemon=True).start()
+
+    def end_strays(self) -> None:
+        """Nothing to do from outside: the container's processes are the author's server's."""
+
+
+def _remove(name: str) -> None:
+    try:
+        engine = shared_engine()
+        engine.run("rm", "-f", name, timeout=60, check=False)
+    except (engines.EngineUnavailable, subprocess.TimeoutExpired, OSError):
+        log.warning("could not remove container %s", name)
