@@ -371,6 +371,28 @@ _num("ORS_BUILD_MAX_SDISTS", 8, "Source builds in one environment's build.")
 _num("ORS_BUILD_MAX_SDIST_BYTES", 256 * MiB, "One downloaded sdist.")
 _num("ORS_PYENV_GRACE_SECONDS", 3600.0, "An environment no version uses is removed after this long.")
 
+# --- Container environments (docs/containers.md) ----------------------------------------------------------
+_group = "Containers"
+_add("ORS_CONTAINERS_DIR", "path", _var("containers"), "The platform's own Docker engine (data, socket, "
+     "the local base images' cache).", shown="`var/containers`")
+_add("ORS_DOCKER_HOST", "str", "", "An operator's Docker engine (with `ors-runsc` registered) instead of "
+     "the platform's own.")
+_add("ORS_IMAGE_BUILD_ALLOWED_HOSTS", "list", ["registry.npmjs.org"], "HTTPS hosts an image build may "
+     "reach besides ORS_BUILD_ALLOWED_HOSTS.")
+_add("ORS_IMAGE_BUILD_HTTP_ORIGINS", "list", ["deb.debian.org:80", "security.debian.org:80"], "Plain-HTTP "
+     "origins an image build may reach (Debian's mirrors, for apt-get).")
+_num("ORS_IMAGE_INSPECT_TIMEOUT_SECONDS", 300.0, "Starting a built image and reading its server's tools.")
+_add("ORS_CONTAINER_LOCAL_BASES", "bool", True, "Build python:3.11-slim and openenv-base stand-ins with "
+     "debootstrap (off: the engine pulls the real ones).")
+_num("ORS_CONTAINER_MEMORY_MB", 2048, "A container's memory (its writable layer included) when its "
+     "manifest asks for none.", minimum=1)
+_num("ORS_CONTAINER_MAX_MEMORY_MB", 8192, "The most memory a manifest may ask for.", minimum=1)
+_num("ORS_CONTAINER_PROCESSES", 512, "A container's processes.", minimum=1)
+_num("ORS_CONTAINER_MAX_PROCESSES", 4096, "The most processes a manifest may ask for.", minimum=1)
+_num("ORS_CONTAINER_CPUS", 2.0, "A container's CPUs.")
+_num("ORS_CONTAINER_MAX_CPUS", 4.0, "The most CPUs a manifest may ask for.")
+_num("ORS_CONTAINER_OPEN_FILES", 4096, "A container's open files.", minimum=1)
+
 # --- Verified versions (docs/verified-versions.md) --------------------------------------------------------
 _group = "Verified versions"
 _num("ORS_REPLAY_DEFAULT_SAMPLE", 100, "Recorded episodes replayed against a new version (0: none).")

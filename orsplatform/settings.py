@@ -427,6 +427,13 @@ ORS_BUILD_DISK_MB = env["ORS_BUILD_DISK_MB"]  # one environment's files, and any
 # An operator's own indexes (comma-separated), searched before ORS_BUILD_INDEX_URL (uv's first-index
 # strategy: a name found on one is never looked up on a later one); plain http:// is allowed for them.
 ORS_BUILD_EXTRA_INDEX_URLS = env["ORS_BUILD_EXTRA_INDEX_URLS"]
+# Container environments (orsplatform/containers/, docs/containers.md). The runtime side reads the
+# same names from the process environment (runner nodes have no settings module of their own).
+ORS_CONTAINERS_DIR = env["ORS_CONTAINERS_DIR"]
+ORS_DOCKER_HOST = env["ORS_DOCKER_HOST"]
+ORS_IMAGE_BUILD_ALLOWED_HOSTS = env["ORS_IMAGE_BUILD_ALLOWED_HOSTS"]
+ORS_IMAGE_BUILD_HTTP_ORIGINS = env["ORS_IMAGE_BUILD_HTTP_ORIGINS"]
+ORS_IMAGE_INSPECT_TIMEOUT_SECONDS = env["ORS_IMAGE_INSPECT_TIMEOUT_SECONDS"]
 # A requirement published only as a source distribution is built into a wheel in a sandbox of its
 # own (no shared cache, a throwaway private one; docs/sdists.md); 0 keeps builds wheels-only.
 ORS_BUILD_SDISTS = env["ORS_BUILD_SDISTS"]

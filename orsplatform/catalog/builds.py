@@ -4,6 +4,7 @@ its log streamed to the version page, then the same inspection and publication a
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ from orsplatform.catalog.publishing import (
     PublishError,
     PublishResult,
     _environment_locked,
+    _first_task,
     _inspect_copy,
     _store_package,
     _version_fill,
@@ -27,6 +29,7 @@ from orsplatform.catalog.publishing import (
     package_task_files,
 )
 from orsplatform.celery import task
+from orsplatform.containers import services as container_services
 from orsplatform.teams.models import Team
 
 logger = logging.getLogger(__name__)
@@ -83,6 +86,8 @@ def version_build(*, version_id: int) -> EnvironmentVersion:
     log = pyenvs.BuildLog(pyenvs.log_path(version.id))
     stored = Path(version.package_path)
     try:
+        if container_services.has_dockerfile(stored, version.manifest):
+            return _container_build(version, stored, log)
         built = pyenvs.ensure(version.requirements, log)
         task_files = package_task_files(stored)
         with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
@@ -91,29 +96,54 @@ def version_build(*, version_id: int) -> EnvironmentVersion:
             report = _inspect_copy(stored, version.manifest, task_files, work, runtime=str(built.path),
                                    data_hash=version.data_hash or None)
             pyenvs.record_runtime(version.package_path, built.path)
-            with transaction.atomic():
-                # No select_related: PostgreSQL cannot lock the nullable side of an outer join.
-                environment = Environment.objects.select_for_update().get(id=version.environment_id)
-                if environment.deleted_at is not None:
-                    raise PublishError(DELETED_ERROR, check="deleted")
-                version.refresh_from_db(fields=["status"])
-                if version.status != EnvironmentVersion.Status.BUILDING:
-                    raise PublishError(DELETED_ERROR, check="deleted")
-                version.pyenv = built.path.name
-                _version_fill(environment=environment, version=version, report=report, work=work,
-                              task_files=task_files, manifest=version.manifest,
-                              visibility=version.manifest.get("visibility"))
-                # Before the commit: whoever sees the version ready sees this line too.
-                log.write(f"[platform] ready: {environment.full_name}@{version.number}")
+            version.pyenv = built.path.name
+            _publish_built(version, report, work, task_files, log)
         return version
     except pyenvs.BuildFailed as exc:
         return _version_fail(version, "requirements", f"Installing the requirements failed: {exc}", log)
+    except container_services.ContainerBuildFailed as exc:
+        return _version_fail(version, exc.check, str(exc), log)
     except PublishError as exc:
         return _version_fail(version, exc.check or "inspect", str(exc), log, traceback=exc.traceback)
     except Exception as exc:  # the version must end as failed, never stay "building"
         logger.exception("building version %s failed", version.id)
         return _version_fail(version, "internal", f"Internal error ({type(exc).__name__}); nothing was published.",
                              log)
+
+
+def _publish_built(version: EnvironmentVersion, report: dict, work: Path, task_files: dict,
+                   log: pyenvs.BuildLog) -> None:
+    """Publish a built version (ready, made current), unless its environment went meanwhile."""
+    with transaction.atomic():
+        # No select_related: PostgreSQL cannot lock the nullable side of an outer join.
+        environment = Environment.objects.select_for_update().get(id=version.environment_id)
+        if environment.deleted_at is not None:
+            raise PublishError(DELETED_ERROR, check="deleted")
+        version.refresh_from_db(fields=["status"])
+        if version.status != EnvironmentVersion.Status.BUILDING:
+            raise PublishError(DELETED_ERROR, check="deleted")
+        _version_fill(environment=environment, version=version, report=report, work=work,
+                      task_files=task_files, manifest=version.manifest,
+                      visibility=version.manifest.get("visibility"))
+        # Before the commit: whoever sees the version ready sees this line too.
+        log.write(f"[platform] ready: {environment.full_name}@{version.number}")
+
+
+def _container_build(version: EnvironmentVersion, stored: Path, log: pyenvs.BuildLog) -> EnvironmentVersion:
+    """A package with a Dockerfile: its image built, started under gVisor and asked what it serves
+    (orsplatform/containers/), then published as any version."""
+    record = container_services.image_build(package_dir=stored, content_hash=version.content_hash, log=log.write)
+    task_files = package_task_files(stored)
+    sample = next((t for t in (_first_task(p, f) for p, f in task_files.values()) if t is not None), None)
+    report, default_tasks = container_services.image_inspect(package_dir=stored, record=record, sample=sample,
+                                                             task_names=sorted(task_files), log=log.write)
+    with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
+        work = Path(tmp)
+        if default_tasks is not None:
+            (work / "tasks").mkdir()
+            (work / "tasks" / "0.jsonl").write_text("".join(json.dumps(t) + "\n" for t in default_tasks))
+        _publish_built(version, report, work, task_files, log)
+    return version
 
 
 def _version_fail(version: EnvironmentVersion, check: str, message: str, log: pyenvs.BuildLog,

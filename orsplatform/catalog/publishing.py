@@ -110,6 +110,8 @@ def manifest_validate(manifest: dict) -> dict:
     entrypoint = manifest.get("entrypoint")
     if entrypoint is not None and not ENTRYPOINT.fullmatch(entrypoint):
         raise fail(f"entrypoint {entrypoint!r} must look like 'module:Class'.")
+    if "runtime" in manifest and manifest["runtime"] not in ("python", "container"):
+        raise fail(f"unknown runtime {manifest['runtime']!r} (python, or container for a package with a Dockerfile).")
     if "visibility" in manifest and manifest["visibility"] not in Environment.Visibility.values:
         raise fail(f"unknown visibility {manifest['visibility']!r} (public or private).")
     timeout = manifest.get("tool_timeout_seconds")

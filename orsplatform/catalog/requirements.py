@@ -130,5 +130,6 @@ def notes(root: Path) -> list[str]:
     found = []
     if (root / "Dockerfile").is_file():
         found.append("The package has a Dockerfile. It is not built: the platform runs the package in its "
-                     "own sandbox, with the requirements installed from requirements.txt / pyproject.toml.")
+                     "own sandbox, with the requirements installed from requirements.txt / pyproject.toml "
+                     "(runtime = \"container\" in manifest.toml runs the image instead: docs/containers.md).")
     return found

@@ -52,6 +52,7 @@ from orsplatform.catalog.task_ingest import (  # noqa: F401 - re-exported: calle
     tasks_ingest,
 )
 from orsplatform.celery import task
+from orsplatform.containers import services as container_services
 from orsplatform.episodes.models import Session
 from orsplatform.teams.models import ApiKey, Team
 from orsplatform.teams.services import validate_slug
@@ -109,6 +110,11 @@ def environment_publish(
     ).first()
     if existing is not None:
         return PublishResult(version=existing, created=False)
+    if container_services.has_dockerfile(source_dir, manifest):
+        # Built into an image by the build service and run as the author ships it (docs/containers.md).
+        return _version_queue_build(team=team, slug=slug, manifest=manifest, visibility=visibility,
+                                    content_hash=content_hash, source_dir=source_dir, requirements=[], notes=[],
+                                    author=author, wait=wait, data_hash=data_hash)
     try:
         requirements = package_requirements.collect(source_dir, manifest)
     except package_requirements.RequirementsError as exc:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from orsplatform.containers import engine as engines
 from orsplatform.containers.images import ImageRecord, record_path, record_read
+from orsplatform.containers.limits import container_limits
 from orsplatform.containers.runtime import RUNTIME_NAME
 from orsplatform.sandbox.config import Limits
 from orsplatform.sandbox.pool import MAX_FRAME, Worker, WorkerGone
@@ -30,7 +31,6 @@ log = logging.getLogger("orsplatform.containers")
 INSIDE = Path(__file__).with_name("inside")
 SHIM = "/.ors/shim.py"
 START_SECONDS = 120.0  # a first start imports the author's server under gVisor
-DEFAULT_CPUS = 2.0
 
 _engine: engines.Engine | None = None
 _engine_lock = threading.Lock()
@@ -71,7 +71,8 @@ class ContainerWorker(Worker):
     name: str = ""
 
     async def spawn(self, package_dir: str, limits: Limits) -> None:
-        self._limits = limits
+        sized = container_limits(package_dir)  # the container's own defaults and maxima, not a worker's
+        self._limits = limits = sized.limits
         record = record_read(package_dir)
         if record is None:
             raise WorkerGone(f"The environment {self.label} has no image (its build did not finish).")
@@ -81,7 +82,7 @@ class ContainerWorker(Worker):
             raise WorkerGone(f"The environment {self.label} is a container and containers cannot run here: "
                              f"{exc}") from None
         self.name = f"ors-{secrets.token_hex(8)}"
-        argv = run_argv(engine, record, limits, self.name, DEFAULT_CPUS)
+        argv = run_argv(engine, record, limits, self.name, sized.cpus)
         self.proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             limit=MAX_FRAME, env=engine.env(), start_new_session=True, close_fds=True)
