@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast install migrate publish devkey bench bench-postgres bench-executors worker runner lint clean up down \
-	sandbox-deps browser-deps proxy-deps stack-test
+	sandbox-deps browser-deps proxy-deps containers-deps stack-test
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ browser-deps:
 
 proxy-deps:
 	@bin/system-deps proxy
+
+# Docker's engine, gVisor's runsc and debootstrap for container environments (docs/containers.md).
+# Without them (or without root) container versions fail to build saying why; Python ones work.
+containers-deps:
+	@bin/system-deps containers
 
 migrate: install
 	mkdir -p var
@@ -51,14 +56,14 @@ WORKER_CMD = $(PY) -m celery -A orsplatform worker --beat --pool threads --concu
 SERVER_CMD = $(PY) -m uvicorn orsplatform.asgi:application --host $(HOST) --port $(PORT) \
 	--loop uvloop --http orsplatform.perimeter.connections:PerimeterHttpToolsProtocol \
 	--no-access-log --timeout-graceful-shutdown 5 --ws-per-message-deflate false
-run: sandbox-deps publish devkey
+run: sandbox-deps containers-deps publish devkey
 	$(PY) manage.py cleanup_staged --startup
 	@if [ -n "$$REDIS_URL$$CELERY_BROKER_URL" ]; then exec $(SERVER_CMD); fi; \
 	$(WORKER_CMD) --loglevel warning & worker=$$!; \
 	trap 'kill $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
 	$(SERVER_CMD)
 
-test: install sandbox-deps browser-deps proxy-deps
+test: install sandbox-deps browser-deps proxy-deps containers-deps
 	$(PY) -m pytest
 
 # docker/compose.yml on real containers (installs docker.io, debootstrap and docker-compose when

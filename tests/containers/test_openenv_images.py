@@ -1,0 +1,86 @@
+"""An OpenEnv-layout environment published unchanged runs as its author ships it: its
+``server/Dockerfile`` is built into an image by the platform (a Debian package installed with
+apt-get, the package installed into its own virtualenv with its own ``openenv`` and the web
+interface the platform's own Python hosting refuses), the image's own server runs under gVisor,
+imports itself as a package (``from ledger_env.models import …``) and writes ``/workspace``; the
+unmodified ``GenericEnvClient`` and ``ors.client`` play it, and every call is in the audit log.
+Real engine, runsc, builds and server processes."""
+
+from __future__ import annotations
+
+import httpx
+from openenv.core.generic_client import GenericEnvClient
+from ors.client import ORS
+
+from orsplatform.catalog.models import EnvironmentVersion
+from orsplatform.catalog.pyenvs import log_path
+from orsplatform.containers.images import record_read
+from orsplatform.episodes.models import Session, ToolCall
+from tests.catalog.support import zip_bytes
+from tests.containers.conftest import package_files
+from tests.e2e.helpers import wait_for
+
+BUILD_SECONDS = 900  # a fresh machine debootstraps the base and installs openenv with Gradio
+
+
+def _version(slug: str, number: int = 1) -> EnvironmentVersion:
+    return EnvironmentVersion.objects.get(environment__slug=slug, number=number)
+
+
+def _wait_built(slug: str) -> EnvironmentVersion:
+    wait_for(lambda: EnvironmentVersion.objects.filter(environment__slug=slug).exclude(
+        status=EnvironmentVersion.Status.BUILDING).exists(), timeout=BUILD_SECONDS, what="the build")
+    return _version(slug)
+
+
+def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_ors(
+        servers, owner, member, outsider, container_dirs):
+    server = servers(**container_dirs)
+    r = httpx.post(f"{server.url}/api/v1/environments/acme/ledger/versions", headers=owner.headers,
+                   files={"package": ("ledger.zip", zip_bytes(package_files("ledger_env")))}, timeout=60)
+    assert r.status_code == 202, r.text
+    version = _wait_built("ledger")
+    build_log = log_path(version.id).read_text()
+    assert version.status == EnvironmentVersion.Status.READY, (version.error, build_log[-3000:])
+    assert "ignoring '# syntax=docker/dockerfile:1'" in build_log and "[platform] ready: acme/ledger@1" in build_log
+    assert "jq" in build_log  # apt-get's own lines, streamed
+    record = record_read(version.package_path)
+    assert record is not None and record.image.startswith("sha256:") and record.port == 8000
+    assert record.command == ["uvicorn", "ledger_env.server.app:app", "--host", "0.0.0.0", "--port", "8000"]
+    assert version.entrypoint == "ledger_env.server.app:app"
+    assert version.openenv["kind"] == "step" and [t["name"] for t in version.tools] == ["step"]
+    assert version.tools[0]["input_schema"]["title"] == "LedgerAction"
+
+    url = f"{server.url}/openenv/acme/ledger"
+    # Tenancy: a private environment is not there for another team, over either face.
+    assert httpx.get(f"{url}/schema", headers=outsider.headers).status_code == 404
+    schema = httpx.get(f"{url}/schema", headers=member.headers).json()
+    assert (schema["action"]["title"], schema["observation"]["title"]) == ("LedgerAction", "LedgerObservation")
+
+    with GenericEnvClient(base_url=url, headers=owner.headers).sync() as env:
+        first = env.reset(start=3)
+        observation = first.observation
+        assert (observation["balance"], observation["lines"]) == (3, 1)
+        # The image's own Python and openenv (with its web interface), and the Debian package.
+        assert observation["runtime"] == {"python": "/app/.venv", "openenv": "0.10.0", "web_interface": True}
+        assert observation["jq"].startswith("jq-1.")
+        assert observation["path"].startswith("/workspace/")
+        step = env.step({"amount": 4, "note": "rent"})
+        assert (step.observation["balance"], step.observation["lines"], step.reward, step.done) == (7, 2, 7.0, False)
+        last = env.step({"amount": 5})
+        assert (last.reward, last.done) == (12.0, True)
+        assert env.state()["step_count"] == 2
+
+    with ORS(base_url=server.url, api_key=member.token) as client:
+        ors_env = client.environment("acme/ledger")
+        assert [t.name for t in ors_env.list_tools()] == ["step"]
+        with ors_env.session(task=ors_env.get_task("default", 0)) as session:
+            assert '"balance":0' in session.get_prompt()[0].text
+            out = session.call_tool("step", {"amount": 10})
+            assert (out.reward, out.finished) == (10.0, True)
+            assert '"balance":10' in out.blocks[0].text
+
+    wait_for(lambda: Session.objects.filter(version=version, ended_at__isnull=False).count() == 2, timeout=30)
+    calls = list(ToolCall.objects.filter(session__version=version).order_by("started_at")
+                 .values_list("session__protocol", "name", "reward", "finished"))
+    assert calls == [("openenv", "step", 7.0, False), ("openenv", "step", 12.0, True), ("ors", "step", 10.0, True)]
