@@ -18,6 +18,7 @@ from orsplatform.catalog import selectors as catalog
 from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.console.environments import can_publish
 from orsplatform.console.forms import VerifySettingsForm
+from orsplatform.containers import selectors as container_selectors
 from orsplatform.teams import selectors
 from orsplatform.teams.models import Team
 from orsplatform.verify import selectors as verify
@@ -66,6 +67,7 @@ def version_build(request: HttpRequest, slug: str, env: str, number: int) -> Htt
             "sample_size": chosen.sample_size if chosen else None, "threshold": chosen.threshold if chosen else None,
             "report_only": chosen.report_only if chosen else False}),
         "state_url": reverse("console:version_build_json", args=[team.slug, env, number]),
+        "image": container_selectors.version_image(version=version),
     })
 
 

@@ -16,7 +16,7 @@ from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.catalog.pyenvs import log_path
 from orsplatform.containers.images import record_read
 from orsplatform.episodes.models import Session, ToolCall
-from tests.catalog.support import zip_bytes
+from tests.catalog.support import login, zip_bytes
 from tests.containers.conftest import package_files
 from tests.e2e.helpers import wait_for
 
@@ -50,6 +50,11 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     assert version.entrypoint == "ledger_env.server.app:app"
     assert version.openenv["kind"] == "step" and [t["name"] for t in version.tools] == ["step"]
     assert version.tools[0]["input_schema"]["title"] == "LedgerAction"
+    # The version page lists the image's layers and sizes, for its team only.
+    page = login(member).get("/console/acme/environments/ledger/versions/1/build")
+    assert page.status_code == 200 and b'id="image-layers"' in page.content, page.content[-2000:]
+    assert b"apt-get install -y --no-install-recommends jq" in page.content and b"MB" in page.content
+    assert login(outsider).get("/console/acme/environments/ledger/versions/1/build").status_code == 404
 
     url = f"{server.url}/openenv/acme/ledger"
     # Tenancy: a private environment is not there for another team, over either face.
