@@ -29,6 +29,7 @@ from orsplatform.catalog.publishing import (
     package_task_files,
 )
 from orsplatform.celery import task
+from orsplatform.containers import images as container_images
 from orsplatform.containers import services as container_services
 from orsplatform.teams.models import Team
 
@@ -165,6 +166,7 @@ def _package_release(version: EnvironmentVersion) -> None:
             status=EnvironmentVersion.Status.FAILED).exists():
         shutil.rmtree(version.package_path, ignore_errors=True)
         data.record(version.package_path, None)
+        container_images.record_write(version.package_path, None)  # its image goes with images_collect_unused
 
 
 def versions_fail_stalled_builds(*, older_than_seconds: float, limit: int | None = None) -> int:

@@ -26,9 +26,11 @@ def collect_pyenvs() -> None:
     from django.conf import settings
 
     from orsplatform.catalog.services import pyenvs_collect_unused, versions_fail_stalled_builds
+    from orsplatform.containers.services import images_collect_unused
 
     versions_fail_stalled_builds(older_than_seconds=settings.ORS_BUILD_TIMEOUT_SECONDS + 60)
     pyenvs_collect_unused()
+    images_collect_unused()  # container versions' images, collected with their versions
 
 
 @app.task(name="catalog.cleanup_staged")

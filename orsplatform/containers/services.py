@@ -171,3 +171,25 @@ def _entrypoint(command: list[str]) -> str:
 
 def image_record(package_dir: str) -> ImageRecord | None:
     return record_read(package_dir)
+
+
+def images_collect_unused() -> list[str]:
+    """Remove the images no live version uses (``ors-env:<content hash>`` of a version that failed, or
+    whose environment was deleted), then the layers nothing refers to any more. Only on an engine
+    that is running: collecting never starts one."""
+    from orsplatform.catalog.models import EnvironmentVersion
+    from orsplatform.containers.engine import Engine, containers_dir
+
+    configured = settings.ORS_DOCKER_HOST
+    state = Path(containers_dir())
+    engine = Engine(host=configured or f"unix://{state}/docker.sock", state=state)
+    if not engine.answers():
+        return []
+    keep = {image_tag(h) for h in EnvironmentVersion.objects.exclude(status=EnvironmentVersion.Status.FAILED)
+            .filter(environment__deleted_at__isnull=True).values_list("content_hash", flat=True)}
+    listed = engine.run("images", REPOSITORY, "--format", "{{.Repository}}:{{.Tag}}", timeout=60).stdout.decode()
+    removed = [tag for tag in listed.split() if tag not in keep]
+    for tag in removed:
+        engine.run("rmi", tag, timeout=120, check=False)
+    engine.run("image", "prune", "-f", timeout=300, check=False)
+    return removed
