@@ -116,7 +116,7 @@ def _relay(engine: Engine, proxy: Proxy, work: Path, log: Callable[[str], None])
 
 
 def build(*, engine: Engine, context_dir: Path, dockerfile: Path | None, tag: str, proxy: Proxy,
-          log: Callable[[str], None], timeout: float) -> str:
+          log: Callable[[str], None], timeout: float, extra_args: list[str] | None = None) -> str:
     """Build ``dockerfile`` (default: the package's) with ``context_dir``; the image's id."""
     source = dockerfile or dockerfile_of(context_dir)
     if source is None:
@@ -131,7 +131,7 @@ def build(*, engine: Engine, context_dir: Path, dockerfile: Path | None, tag: st
             for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
                 args += ["--build-arg", f"{name}={proxy_url}"]
             args += ["--build-arg", "no_proxy=localhost,127.0.0.1", "--build-arg", "NO_PROXY=localhost,127.0.0.1"]
-            _stream(engine, [*args, str(context)], log, timeout)
+            _stream(engine, [*args, *(extra_args or []), str(context)], log, timeout)
     image = engine.run("image", "inspect", "--format", "{{.Id}}", tag, timeout=30).stdout.decode().strip()
     if not image:
         raise BuildFailed("The build ended without an image.")

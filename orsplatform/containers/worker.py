@@ -30,7 +30,8 @@ from orsplatform.sandbox.pool import MAX_FRAME, Worker, WorkerGone
 log = logging.getLogger("orsplatform.containers")
 INSIDE = Path(__file__).with_name("inside")
 SHIM = "/.ors/shim.py"
-START_SECONDS = 120.0  # a first start imports the author's server under gVisor
+START_SECONDS = 120.0
+HOST_TASKS_BASE, HOST_TASKS_PER_PROCESS = 128, 8  # a first start imports the author's server under gVisor
 
 _engine: engines.Engine | None = None
 _engine_lock = threading.Lock()
@@ -60,8 +61,13 @@ def run_argv(engine: engines.Engine, record: ImageRecord, limits: Limits, name: 
     memory = str(limits.memory_bytes)
     return engine.argv(
         "run", "--rm", "-i", "--name", name, "--runtime", RUNTIME_NAME, "--network", "none",
-        "--memory", memory, "--memory-swap", memory, "--pids-limit", str(limits.processes),
-        "--cpus", f"{cpus:g}", "--ulimit", f"nofile={limits.open_files}:{limits.open_files}",
+        "--memory", memory, "--memory-swap", memory, "--cpus", f"{cpus:g}",
+        # The tenant's processes and threads: gVisor enforces RLIMIT_NPROC itself. The host's pids
+        # limit is a backstop sized for gVisor's own threads (a sentry's few dozen, and ptrace's
+        # stubs, several host tasks per tenant process).
+        "--ulimit", f"nproc={limits.processes}:{limits.processes}",
+        "--pids-limit", str(HOST_TASKS_BASE + HOST_TASKS_PER_PROCESS * limits.processes),
+        "--ulimit", f"nofile={limits.open_files}:{limits.open_files}",
         "--security-opt", "no-new-privileges", "--label", "ors.container=true",
         "--log-driver", "none", "-v", f"{INSIDE}:/.ors:ro", "--entrypoint", "/usr/bin/env",
         record.image, "python3", SHIM, json.dumps(spec))

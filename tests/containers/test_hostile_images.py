@@ -16,7 +16,9 @@ import pytest
 
 from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.catalog.pyenvs import log_path
+from orsplatform.catalog.services import environment_delete
 from orsplatform.containers.images import record_read
+from orsplatform.containers.services import images_collect_unused
 from tests.catalog.support import zip_bytes
 from tests.containers.conftest import package_files
 from tests.containers.test_openenv_images import _wait_built
@@ -131,6 +133,12 @@ def test_a_container_killed_mid_call_answers_410_with_the_reason(hostile, owner,
     # The next session gets a fresh container.
     fresh = _session(server, owner)
     assert _probe(server, owner, fresh, "sleep", n=0) == {"slept": 0}
+
+    # Deleted, the environment's image goes with the next collection.
+    tag = record_read(version.package_path).tag
+    environment_delete(environment=version.environment)
+    assert tag in images_collect_unused()
+    assert container_engine.run("image", "inspect", tag, check=False).returncode != 0
 
 
 def test_a_build_that_reaches_past_the_registries_is_refused(servers, owner, container_dirs):

@@ -27,19 +27,21 @@ class LedgerEnvironment(Environment):
         super().__init__()
         self._state = State(episode_id=str(uuid.uuid4()), step_count=0)
         self._path = ""
+        self._jq = ""
 
     def _observe(self, reward=None, done=False) -> LedgerObservation:
         with open(self._path) as f:
             amounts = [int(line.split("\t")[0]) for line in f if line.strip()]
         runtime = {"python": sys.prefix, "openenv": importlib.metadata.version("openenv"),
                    "web_interface": "openenv.core.env_server.web_interface" in sys.modules}
-        return LedgerObservation(balance=sum(amounts), lines=len(amounts), path=self._path, jq=_jq(),
+        return LedgerObservation(balance=sum(amounts), lines=len(amounts), path=self._path, jq=self._jq,
                                  runtime=runtime, reward=reward, done=done)
 
     def reset(self, seed=None, episode_id=None, start: int = 0, **kwargs) -> LedgerObservation:
         self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
         os.makedirs(WORKSPACE, exist_ok=True)
         self._path = os.path.join(WORKSPACE, f"{self._state.episode_id}.ledger")
+        self._jq = self._jq or _jq()  # the Debian package, asked once per instance
         with open(self._path, "w") as f:
             if start:
                 f.write(f"{int(start)}\topening\n")
