@@ -120,7 +120,7 @@ def acquire(state: Path | None = None) -> Engine:
     if configured:
         engine = Engine(host=configured, state=state)
         if not engine.answers():
-            raise EngineUnavailable(f"The Docker engine at ORS_DOCKER_HOST ({configured}) does not answer.")
+            raise EngineUnavailable("The Docker engine at ORS_DOCKER_HOST does not answer.")
         return engine
     why = problem()
     if why is not None:

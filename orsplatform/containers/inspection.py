@@ -34,6 +34,7 @@ class _Channel:
         self.proc = proc
         self.stderr = stderr
         self.ids = 0
+        self.started = False
 
     def _read(self) -> dict:
         assert self.proc.stdout is not None
@@ -55,6 +56,7 @@ class _Channel:
     def ready(self) -> None:
         if self._read().get("id") != 0:
             raise InspectionFailed("The container broke the platform's protocol.")
+        self.started = True
 
     def ask(self, op: str, **fields: Any) -> Any:
         self.ids += 1
@@ -72,8 +74,13 @@ class _Channel:
     def ended(self) -> str:
         status = self.proc.poll()
         lines = " | ".join(list(self.stderr)[-12:])[-3000:]
-        return (f"The image's server did not start (status {status})" if status is not None else
-                "The container stopped answering") + (f": {lines}" if lines else ".")
+        if status is None:
+            what = "The container stopped answering"
+        elif self.started:
+            what = f"The container stopped (status {status})"
+        else:
+            what = f"The image's server did not start (status {status})"
+        return what + (f": {lines}" if lines else ".")
 
 
 def inspect_image(*, engine: Engine, record: ImageRecord, limits: ContainerLimits, sample: dict | None,

@@ -190,6 +190,7 @@ def images_collect_unused() -> list[str]:
     listed = engine.run("images", REPOSITORY, "--format", "{{.Repository}}:{{.Tag}}", timeout=60).stdout.decode()
     removed = [tag for tag in listed.split() if tag not in keep]
     for tag in removed:
-        engine.run("rmi", tag, timeout=120, check=False)
+        # Untagged even while a retiring container still runs it; its layers go with a later prune.
+        engine.run("rmi", "--force", tag, timeout=120, check=False)
     engine.run("image", "prune", "-f", timeout=300, check=False)
     return removed
