@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import secrets
 import subprocess
 
 import httpx
@@ -21,7 +22,7 @@ from orsplatform.containers.images import record_read
 from orsplatform.containers.services import images_collect_unused
 from tests.catalog.support import zip_bytes
 from tests.containers.conftest import package_files
-from tests.containers.test_openenv_images import _wait_built
+from tests.containers.test_openenv_images import BUILD_SECONDS, _wait_built
 from tests.e2e.helpers import wait_for
 from tests.fixtures.ors import parse_sse, sse_result
 
@@ -29,8 +30,9 @@ ENV = "acme/hostile"
 # What a build may not reach: anything directly, and a site that is no registry (through the proxy).
 REFUSED_BUILD = """\
 FROM python:3.11-slim
-RUN (curl --noproxy '*' -sS -m 5 http://1.1.1.1/ && echo "reached-$((40 + 1))") || echo "unreachable-$((40 + 2))"
-RUN curl -fsS -m 20 https://example.com/ && echo "reached-$((40 + 3))"
+RUN echo RUN-TOKEN && (curl --noproxy '*' -sS -m 5 http://1.1.1.1/ && echo "reached-$((40 + 1))") \
+    || echo "unreachable-$((40 + 2))"
+RUN echo RUN-TOKEN && curl -fsS -m 20 https://example.com/ && echo "reached-$((40 + 3))"
 CMD ["python3", "-m", "http.server"]
 """
 
@@ -63,7 +65,7 @@ def _probe(server, person, sid: str, probe: str, arg: str = "", n: int = 0) -> d
 def hostile(servers, owner, container_dirs):
     server = servers(**container_dirs, ORS_SANDBOX_IDLE_SECONDS="600")
     r = httpx.post(f"{server.url}/api/v1/environments/{ENV}/versions", headers=owner.headers,
-                   files={"package": ("hostile.zip", zip_bytes(package_files("hostile_env")))}, timeout=60)
+                   files={"package": ("hostile.zip", zip_bytes(package_files("hostile_env")))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
     version = _wait_built("hostile")
     assert version.status == EnvironmentVersion.Status.READY, (version.error, log_path(version.id).read_text()[-3000:])
@@ -143,9 +145,11 @@ def test_a_container_killed_mid_call_answers_410_with_the_reason(hostile, owner,
 
 def test_a_build_that_reaches_past_the_registries_is_refused(servers, owner, container_dirs):
     server = servers(**container_dirs)
-    files = {"server/Dockerfile": REFUSED_BUILD, "openenv.yaml": "name: reach\nport: 8000\n"}
+    # A token of this run in each step: BuildKit's cache must not answer for them.
+    dockerfile = REFUSED_BUILD.replace("RUN-TOKEN", secrets.token_hex(8))
+    files = {"server/Dockerfile": dockerfile, "openenv.yaml": "name: reach\nport: 8000\n"}
     r = httpx.post(f"{server.url}/api/v1/environments/acme/reach/versions", headers=owner.headers,
-                   files={"package": ("reach.zip", zip_bytes(files))}, timeout=60)
+                   files={"package": ("reach.zip", zip_bytes(files))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
     version = _wait_built("reach")
     assert version.status == EnvironmentVersion.Status.FAILED

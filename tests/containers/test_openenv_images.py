@@ -37,7 +37,7 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
         servers, owner, member, outsider, container_dirs):
     server = servers(**container_dirs)
     r = httpx.post(f"{server.url}/api/v1/environments/acme/ledger/versions", headers=owner.headers,
-                   files={"package": ("ledger.zip", zip_bytes(package_files("ledger_env")))}, timeout=60)
+                   files={"package": ("ledger.zip", zip_bytes(package_files("ledger_env")))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
     version = _wait_built("ledger")
     build_log = log_path(version.id).read_text()
