@@ -20,9 +20,14 @@ from django.db import IntegrityError, connections
 from psycopg.types.json import Jsonb
 
 from orsplatform.engine.errors import StoreUnavailable, Unstorable
-from orsplatform.episodes.hot_writes import EXECUTEMANY, RETURNING, HotWrite
+from orsplatform.episodes.hot_writes import EXECUTEMANY, RETURNING, CopyForm, HotWrite
 
 log = logging.getLogger(__name__)
+
+# From this many rows of one append-only write in a batch, they go in by COPY: a 500-row INSERT
+# cost the writer 3-4x the CPU of COPY's text rows (bench/audit_ingest.py); a row or two go with
+# the batch's other statements in its pipeline.
+COPY_MIN_ROWS = 4
 
 # Keys of DATABASES OPTIONS that Django's backend consumes itself; the rest are libpq parameters.
 DJANGO_ONLY_OPTIONS = {"assume_role", "isolation_level", "pool", "server_side_binding"}
@@ -58,6 +63,9 @@ class PgWriter:
         """Results in the WriteBatcher's form: (True, value) or (False, exception), per op."""
         try:
             conn = await self._connection()
+            copied = await self._copied(conn, ops)
+            if copied is not None:
+                return copied
             if len({write for write, _ in ops}) == 1:
                 # One kind of write is one statement (rows of one INSERT, or one UPDATE per row
                 # when executemany has a single row), atomic by itself: sent alone in autocommit,
@@ -88,6 +96,46 @@ class PgWriter:
                 await self.close()
                 results.append((False, StoreUnavailable(str(exc))))
         return results
+
+    async def _copied(self, conn: psycopg.AsyncConnection, ops: list[tuple[HotWrite, dict]]
+                      ) -> list[tuple[bool, Any]] | None:
+        """The batch with its append-only rows sent by COPY, in one transaction with the batch's
+        other statements (pipelined), committed before any of them is answered. None when no write
+        has rows enough, or when the database refused the COPY (a row already there, a value a
+        column refuses): the caller then runs the batch as SQL, whose upsert and row-by-row
+        fallback decide; nothing of the refused attempt was committed."""
+        copies: dict[HotWrite, list[int]] = {}
+        for i, (write, _) in enumerate(ops):
+            if write.copy is not None:
+                copies.setdefault(write, []).append(i)
+        copies = {w: idx for w, idx in copies.items() if len(idx) >= COPY_MIN_ROWS}
+        if not copies:
+            return None
+        try:
+            forms = [write.copy([ops[i][1] for i in idx]) for write, idx in copies.items()]
+        except (TypeError, ValueError):  # a value COPY's text cannot carry (a lone surrogate)
+            return None
+        copied = {i for idx in copies.values() for i in idx}
+        rest = [op for i, op in enumerate(ops) if i not in copied]
+        results: list[tuple[bool, Any]] = [(True, None)] * len(ops)
+        try:
+            async with conn.transaction():
+                for form in forms:
+                    await self._copy(conn, form)
+                if rest:
+                    async with conn.pipeline():
+                        rest_results = await self._grouped(conn, rest)
+                    rest_indexes = [i for i in range(len(ops)) if i not in copied]
+                    for i, result in zip(rest_indexes, rest_results, strict=True):
+                        results[i] = result
+        except (psycopg.errors.IntegrityError, psycopg.errors.DataError):
+            return None
+        return results
+
+    @staticmethod
+    async def _copy(conn: psycopg.AsyncConnection, form: CopyForm) -> None:
+        async with conn.cursor() as cursor, cursor.copy(form.sql) as copy:
+            await copy.write(form.data)
 
     async def _single(self, conn: psycopg.AsyncConnection, ops: list[tuple[HotWrite, dict]]
                       ) -> list[tuple[bool, Any]] | None:

@@ -143,7 +143,7 @@ class WriteBatcher:
         if pg is None:
             return await asyncio.get_running_loop().run_in_executor(self._pool, _run_batch, ops)
         hot = [i for i, (op, _) in enumerate(ops) if isinstance(op, HotWrite)]
-        rest = [i for i in range(len(ops)) if i not in set(hot)]
+        rest = [i for i, (op, _) in enumerate(ops) if not isinstance(op, HotWrite)]
         results: list[tuple[bool, Any] | None] = [None] * len(ops)
         if rest:
             rest_results = await asyncio.get_running_loop().run_in_executor(

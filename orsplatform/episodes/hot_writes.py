@@ -9,6 +9,7 @@ added to ``Session`` or ``ToolCall`` reaches both paths at once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,6 +35,14 @@ class SqlForm:
 
 
 @dataclass(frozen=True)
+class CopyForm:
+    """A batch as PostgreSQL's COPY: the statement and its rows in COPY's text format."""
+
+    sql: str
+    data: bytes
+
+
+@dataclass(frozen=True)
 class HotWrite:
     name: str
     # The ORM's many-rows form: many(rows=[kwargs, ...]); returns a list (one value per row) when
@@ -42,6 +51,10 @@ class HotWrite:
     per_row: bool
     # The raw-SQL form of a batch of rows (PostgreSQL); JSON values are wrapped by `json`.
     sql: Callable[[list[dict[str, Any]], Callable[[Any], Any]], SqlForm]
+    # The COPY form of a batch of rows (PostgreSQL, append-only writes), or None. COPY cannot
+    # update: a batch it refuses (a row already there, a value the column refuses) is redone with
+    # the SQL form, whose upsert and row-by-row fallback decide.
+    copy: Callable[[list[dict[str, Any]]], CopyForm] | None = None
 
     def single(self, **row: Any) -> Any:
         value = self.run(rows=[row])
@@ -114,6 +127,59 @@ def _tool_call_record_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]
     return SqlForm(sql, params, INSERT)
 
 
+_COPY_SPECIALS = re.compile(r"[\\\t\n\r]")
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_str(value: Any) -> str:
+    """A text value in COPY's text format: backslash, tab and line ends escaped."""
+    value = str(value)
+    return value.translate(_COPY_ESCAPES) if _COPY_SPECIALS.search(value) else value
+
+
+def _copy_json(value: Any) -> str:
+    # orjson escapes every control character itself: only its backslashes need doubling.
+    return orjson.dumps(value).decode().replace("\\", "\\\\")
+
+
+def _copy_datetime(value: datetime) -> str:
+    if value.tzinfo is None:  # naive values are UTC, as Django's USE_TZ writes them
+        value = value.replace(tzinfo=UTC)
+    return value.isoformat()
+
+
+def _copy_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, float):
+        return repr(value)  # exact, and inf/nan spelled as PostgreSQL reads them
+    return _copy_str(value)
+
+
+def _copy_encoder(field: models.Field) -> Callable[[Any], str]:
+    if isinstance(field, models.JSONField):
+        return _copy_json
+    if isinstance(field, models.DateTimeField):
+        return _copy_datetime
+    return _copy_scalar
+
+
+def copy_form(model: type[models.Model], rows: list[dict[str, Any]]) -> CopyForm:
+    """COPY model (columns of rows[0]) FROM STDIN with the rows in COPY's text format (NULL is
+    \\N). One encoder per column, chosen from its field once per batch (this runs for every
+    audit row a gateway writes)."""
+    fields = [model._meta.get_field(name) for name in rows[0]]
+    encoders = [_copy_encoder(f) for f in fields]
+    lines = ["\t".join(["\\N" if v is None else enc(v) for enc, v in zip(encoders, r.values(), strict=True)])
+             for r in rows]
+    sql = f"COPY {model._meta.db_table} ({', '.join(f.column for f in fields)}) FROM STDIN"
+    return CopyForm(sql, ("\n".join(lines) + "\n").encode())
+
+
+def _tool_call_record_copy(rows: list[dict[str, Any]]) -> CopyForm:
+    return copy_form(ToolCall, [services.tool_call_fields(r) for r in rows])
+
+
 def _session_end_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:
     return SqlForm(services.END_SQL, services.session_end_params(rows, json), EXECUTEMANY)
 
@@ -123,7 +189,8 @@ def _session_record_prompt_sql(rows: list[dict[str, Any]], json: Callable[[Any],
 
 
 SESSION_CREATE = HotWrite("session_create", services.sessions_create, True, _session_create_sql)
-TOOL_CALL_RECORD = HotWrite("tool_call_record", services.tool_calls_record, False, _tool_call_record_sql)
+TOOL_CALL_RECORD = HotWrite("tool_call_record", services.tool_calls_record, False, _tool_call_record_sql,
+                            _tool_call_record_copy)
 SESSION_END = HotWrite("session_end", services.sessions_end, False, _session_end_sql)
 SESSION_RECORD_PROMPT = HotWrite("session_record_prompt", services.sessions_record_prompt, False,
                                  _session_record_prompt_sql)

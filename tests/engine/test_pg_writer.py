@@ -100,3 +100,88 @@ def test_a_row_the_database_refuses_fails_alone_and_the_rest_of_its_batch_is_wri
     assert results[3][0] and Session.objects.using(alias).filter(pk=results[3][1], sid=again["sid"]).exists()
     assert list(ToolCall.objects.using(alias).filter(session_id=pk).values_list("task_id", flat=True)) == [
         good["task_id"]]
+
+
+def tricky_row(session_pk: int, n: int) -> dict:
+    """A call whose values exercise COPY's text escapes: backslashes, tabs, line ends, quotes,
+    non-ASCII text, a NULL reward and an error call."""
+    row = call_row(session_pk)
+    text = f"line {n}\n\ttab \\ back\\slash \r\"quoted\" ünïcødé ☃ \\N"
+    row["name"] = f"tool\\{n}\t"
+    row["input"] = {"text": text, "n": n, "nested": [None, True, 1.5, {"k": text}]}
+    if n % 2:
+        row["result"] = {"ok": False, "error": text}
+        row["exception"] = text
+    return row
+
+
+def stored(alias: str, task_ids: list[str]) -> list[tuple]:
+    fields = ["task_id", "name", "input", "status", "output", "reward", "finished", "error", "started_at",
+              "finished_at", "session_id"]
+    return sorted(ToolCall.objects.using(alias).filter(task_id__in=task_ids).values_list(*fields))
+
+
+def test_a_batch_of_calls_copied_is_stored_exactly_as_the_insert_stores_it(
+        server_database, new_session, monkeypatch):
+    from orsplatform.engine import pg_writer
+
+    alias = server_database.alias
+    pk = run(PgWriter(alias), [(hot_writes.SESSION_CREATE, new_session())])[0][1]
+    rows = [tricky_row(pk, n) for n in range(8)]
+    answered_by_copy = []
+    copied_form = PgWriter._copied
+
+    async def spy(self, conn, ops):
+        answered_by_copy.append(await copied_form(self, conn, ops))
+        return answered_by_copy[-1]
+
+    monkeypatch.setattr(PgWriter, "_copied", spy)
+    copied = run(PgWriter(alias), [(hot_writes.TOOL_CALL_RECORD, r) for r in rows])
+    assert copied == [(True, None)] * 8
+    assert answered_by_copy == [copied]  # by COPY itself, not its fallback
+    by_copy = stored(alias, [r["task_id"] for r in rows])
+    ToolCall.objects.using(alias).filter(session_id=pk).delete()
+
+    monkeypatch.setattr(pg_writer, "COPY_MIN_ROWS", 10**6)  # the INSERT form, for the reference
+    inserted = run(PgWriter(alias), [(hot_writes.TOOL_CALL_RECORD, r) for r in rows])
+    assert inserted == [(True, None)] * 8
+    assert by_copy == stored(alias, [r["task_id"] for r in rows])
+    assert len(by_copy) == 8
+
+
+def test_a_copied_batch_with_a_call_already_recorded_upserts_and_a_refused_row_fails_alone(
+        server_database, new_session):
+    alias = server_database.alias
+    pk = run(PgWriter(alias), [(hot_writes.SESSION_CREATE, new_session())])[0][1]
+    swept = call_row(pk)
+    swept["result"], swept["exception"] = None, "Runner lost."  # what the sweeper wrote first
+    run(PgWriter(alias), [(hot_writes.TOOL_CALL_RECORD, swept)])
+
+    again = dict(swept, result=call_row(pk)["result"], exception="")  # the gateway's own record of it
+    fresh = [call_row(pk) for _ in range(5)]
+    nul = call_row(pk, name="sub\x00mit")
+    other = new_session()
+    results = run(PgWriter(alias), [(hot_writes.TOOL_CALL_RECORD, r) for r in [again, *fresh, nul]]
+                  + [(hot_writes.SESSION_CREATE, other)])
+
+    assert [ok for ok, _ in results] == [True] * 6 + [False, True]
+    assert isinstance(results[6][1], Unstorable)
+    assert ToolCall.objects.using(alias).get(task_id=swept["task_id"]).status == ToolCall.Status.OK
+    assert ToolCall.objects.using(alias).filter(session_id=pk).count() == 6
+    assert Session.objects.using(alias).filter(pk=results[7][1], sid=other["sid"]).exists()
+
+
+def test_a_mixed_batch_with_copied_calls_commits_them_with_its_other_writes(server_database, new_session):
+    alias = server_database.alias
+    pk = run(PgWriter(alias), [(hot_writes.SESSION_CREATE, new_session())])[0][1]
+    calls = [call_row(pk) for _ in range(6)]
+    results = run(PgWriter(alias), [
+        *[(hot_writes.TOOL_CALL_RECORD, c) for c in calls[:3]],
+        (hot_writes.SESSION_CREATE, new_session()),
+        *[(hot_writes.TOOL_CALL_RECORD, c) for c in calls[3:]],
+        (hot_writes.SESSION_RECORD_PROMPT, {"pk": pk, "blocks": [{"type": "text", "text": "1+1?"}]}),
+    ])
+    assert [ok for ok, _ in results] == [True] * 8
+    assert isinstance(results[3][1], int) and Session.objects.using(alias).filter(pk=results[3][1]).exists()
+    assert ToolCall.objects.using(alias).filter(session_id=pk).count() == 6
+    assert Session.objects.using(alias).get(pk=pk).prompt == [{"type": "text", "text": "1+1?"}]
