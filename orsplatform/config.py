@@ -438,6 +438,23 @@ _num("ORS_FLAGS_JUMP", 0.5, "A pass-rate jump this large between versions is fla
 _num("ORS_FLAGS_MIN_CALLS", 20, "Fewer calls than this raise no error-rate flag.")
 _num("ORS_FLAGS_ERROR_RATE", 0.2, "A tool's error rate above this is flagged.")
 
+# --- The audit log (docs/audit-log.md) -------------------------------------------------------------------
+_group = "The audit log"
+_num("ORS_AUDIT_PARTITIONS_AHEAD_DAYS", 7, "PostgreSQL: days of the audit log's daily partitions created ahead.",
+     minimum=1)
+_num("ORS_AUDIT_MAINTAIN_EVERY_SECONDS", 3600.0, "Beat: partitions ahead, retention and archiving.")
+_num("ORS_AUDIT_RETENTION_DAYS", 90, "Days of tool calls kept in the database for a team without a policy of its "
+     "own; older days are archived, then dropped.", minimum=1)
+_add("ORS_AUDIT_ARCHIVE_DIR", "path", _var("archive"), "The archive store when ORS_AUDIT_ARCHIVE_URL is "
+     "empty (a folder), and the cache of files read back from S3.", shown="`var/archive`")
+_add("ORS_AUDIT_ARCHIVE_URL", "str", "", "`s3://bucket/prefix` to archive into an S3-compatible store (boto3's "
+     "credentials), or a folder; empty: ORS_AUDIT_ARCHIVE_DIR.")
+_add("ORS_AUDIT_ARCHIVE_S3_ENDPOINT", "str", "", "The S3 endpoint URL for a store other than AWS (MinIO, Ceph...).")
+_num("ORS_AUDIT_LOCK_TIMEOUT_SECONDS", 2.0, "The longest a partition's detach or a team's delete waits for its "
+     "lock (writers queue behind it meanwhile); then the next run tries again.")
+_num("ORS_AUDIT_ARCHIVE_LAG_DAYS", 2, "Days past a team's retention after which a period not yet archived is "
+     "logged as the archive falling behind.")
+
 # --- Accounts (docs/accounts.md) -------------------------------------------------------------------------
 _group = "Accounts"
 _num("ORS_PASSWORD_MIN_LENGTH", 10, "Shortest password Django's validators accept.", minimum=1)

@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "orsplatform.verify",  # verified versions: replay of recorded episodes, reference solutions
     "orsplatform.runs",  # training runs and the rollouts the openreward client logs
     "orsplatform.flags",  # reward-hacking and anomaly flags over a team's episodes
+    "orsplatform.auditlog",  # the audit log's partitions, retention and archive
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -203,6 +204,8 @@ CELERY_BEAT_SCHEDULE: dict = {
     "resume-orphaned-eval-runs": {"task": "evals.resume_orphaned_runs", "schedule": 30.0},
     # Reward-hacking and anomaly flags over the recent episodes (bounded: ORS_FLAGS_MAX_SESSIONS a pass).
     "compute-flags": {"task": "flags.compute", "schedule": env["ORS_FLAGS_EVERY_SECONDS"]},
+    # The audit log's partitions ahead, then retention and archiving (docs/audit-log.md).
+    "audit-maintain": {"task": "auditlog.maintain", "schedule": env["ORS_AUDIT_MAINTAIN_EVERY_SECONDS"]},
 }
 if ORS_EXECUTOR == "celery":
     # The celery executor's housekeeping, over Redis (the inline executor has no runner sessions).
@@ -223,6 +226,15 @@ ORS_FLAGS_FAST_PASS_RATIO = env["ORS_FLAGS_FAST_PASS_RATIO"]
 ORS_FLAGS_JUMP = env["ORS_FLAGS_JUMP"]
 ORS_FLAGS_MIN_CALLS = env["ORS_FLAGS_MIN_CALLS"]
 ORS_FLAGS_ERROR_RATE = env["ORS_FLAGS_ERROR_RATE"]
+
+# --- The audit log (docs/audit-log.md) ---
+ORS_AUDIT_PARTITIONS_AHEAD_DAYS = env["ORS_AUDIT_PARTITIONS_AHEAD_DAYS"]
+ORS_AUDIT_RETENTION_DAYS = env["ORS_AUDIT_RETENTION_DAYS"]
+ORS_AUDIT_ARCHIVE_DIR = env["ORS_AUDIT_ARCHIVE_DIR"]
+ORS_AUDIT_ARCHIVE_URL = env["ORS_AUDIT_ARCHIVE_URL"]
+ORS_AUDIT_ARCHIVE_S3_ENDPOINT = env["ORS_AUDIT_ARCHIVE_S3_ENDPOINT"]
+ORS_AUDIT_ARCHIVE_LAG_DAYS = env["ORS_AUDIT_ARCHIVE_LAG_DAYS"]
+ORS_AUDIT_LOCK_TIMEOUT_SECONDS = env["ORS_AUDIT_LOCK_TIMEOUT_SECONDS"]
 
 # An episode passes when its total reward reaches this (analytics, run pages, flags).
 ORS_ANALYTICS_PASS_REWARD = env["ORS_ANALYTICS_PASS_REWARD"]

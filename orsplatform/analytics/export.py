@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -29,6 +28,7 @@ from django.utils import timezone
 
 from orsplatform.analytics.filters import SessionFilters
 from orsplatform.analytics.selectors import OPEN
+from orsplatform.auditlog.selectors import calls_of_sessions
 from orsplatform.catalog.hidden import session_spec
 from orsplatform.episodes.models import Session, ToolCall
 from orsplatform.teams.models import Team
@@ -66,6 +66,8 @@ def export_record(session: Session, calls: list[ToolCall], sealed_reader: int | 
         "total_reward": (sum(rewards) if rewards else None) if is_open else session.total_reward,
         "finished": any(c.finished for c in calls) if is_open else session.finished,
         "num_calls": len(calls),
+        # Some of its calls were read back from the archive (docs/audit-log.md).
+        "archived": any(getattr(c, "archived", False) for c in calls),
         "calls": [
             {"step": i + 1, "name": c.name, "input": c.input, "status": c.status, "output": c.output,
              "reward": c.reward, "finished": c.finished, "error": c.error, "started_at": c.started_at,
@@ -87,10 +89,8 @@ def fetch_chunk(*, team: Team, filters: SessionFilters, after_id: int,
     sessions = list(_sessions(team, filters, sealed_reader).filter(id__gt=after_id)[:SESSION_CHUNK])
     if not sessions:
         return [], None
-    calls: dict[int, list[ToolCall]] = defaultdict(list)
-    for call in (ToolCall.objects.filter(session_id__in=[s.id for s in sessions])
-                 .order_by("session_id", "started_at", "id").iterator(chunk_size=CALL_CHUNK)):
-        calls[call.session_id].append(call)
+    # From the database, and from the archive for days that left it (auditlog/selectors.py).
+    calls = calls_of_sessions(sessions)
     records = [export_record(s, calls.get(s.id, []), sealed_reader) for s in sessions]
     return records, (sessions[-1].id if len(sessions) == SESSION_CHUNK else None)
 

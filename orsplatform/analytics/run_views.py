@@ -17,8 +17,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from orsplatform.analytics import charts, run_selectors
+from orsplatform.analytics.explorer import call_row
 from orsplatform.analytics.run_curves import METRICS, PER_CHOICES, SMOOTHING_CHOICES, build_curves, x_label
-from orsplatform.analytics.selectors import call_row
 from orsplatform.flags.selectors import flags_for_team
 from orsplatform.runs import selectors as runs
 from orsplatform.runs.naming import RUN_NAME_MAX

@@ -12,7 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import NoReverseMatch, reverse
 
-from orsplatform.analytics import charts, export, order, selectors
+from orsplatform.analytics import charts, explorer, export, order, selectors
 from orsplatform.analytics.filters import (
     OUTCOMES,
     RANGE_LABELS,
@@ -251,7 +251,7 @@ def sessions(request: HttpRequest, team: str) -> HttpResponse:
     filters = params.filters
     context.update(_range_context(request, filters.window))
     try:
-        page = selectors.sessions_page(team=team_obj, filters=filters, page=params.page, sort=params.sort,
+        page = explorer.sessions_page(team=team_obj, filters=filters, page=params.page, sort=params.sort,
                                        sealed_reader=reader)
     except ValidationError as exc:
         return _fail(request, "analytics/sessions.html", context, exc)
@@ -273,7 +273,7 @@ def sessions(request: HttpRequest, team: str) -> HttpResponse:
 @login_required
 def session_detail(request: HttpRequest, team: str, sid: str) -> HttpResponse:
     team_obj, reader = _team_and_reader(request, team)
-    trajectory = selectors.session_trajectory(team=team_obj, sid=sid, sealed_reader=reader)
+    trajectory = explorer.session_trajectory(team=team_obj, sid=sid, sealed_reader=reader)
     if trajectory is None:
         raise Http404("No such session.")
     cumulative, total = [], 0.0

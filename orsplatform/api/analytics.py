@@ -11,7 +11,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from orsplatform.analytics import export, selectors
+from orsplatform.analytics import explorer, export, selectors
 from orsplatform.analytics.filters import (
     OUTCOMES,
     SORTS,
@@ -93,7 +93,7 @@ class AnalyticsSessionListView(APIView):
         team_obj = _team(request)
         try:
             params = parse_explorer_params(request.query_params, team=team_obj)
-            page = selectors.sessions_page(team=team_obj, filters=params.filters, page=params.page, sort=params.sort,
+            page = explorer.sessions_page(team=team_obj, filters=params.filters, page=params.page, sort=params.sort,
                                            sealed_reader=hidden.sealed_reader(caller_of(request)))
         except DjangoValidationError as exc:
             raise _bad(exc) from None
@@ -105,7 +105,7 @@ class AnalyticsSessionDetailView(APIView):
 
     @extend_schema(operation_id="analytics_session", responses=OpenApiTypes.OBJECT)
     def get(self, request, sid: str):
-        trajectory = selectors.session_trajectory(team=_team(request), sid=sid,
+        trajectory = explorer.session_trajectory(team=_team(request), sid=sid,
                                                   sealed_reader=hidden.sealed_reader(caller_of(request)))
         if trajectory is None:
             raise Http404("Session not found.")

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from orsplatform.api import analytics, catalog, evals, flags, runs, verification, views
+from orsplatform.api import analytics, catalog, evals, flags, retention, runs, verification, views
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -39,6 +39,8 @@ urlpatterns = [
     path("v1/analytics/export.jsonl", analytics.AnalyticsExportJsonlView.as_view(), name="api-analytics-export-jsonl"),
     path("v1/analytics/export.parquet", analytics.AnalyticsExportParquetView.as_view(),
          name="api-analytics-export-parquet"),
+    # The team's retention of tool calls (orsplatform/api/retention.py, docs/audit-log.md)
+    path("v1/retention", retention.RetentionView.as_view(), name="api-retention"),
     # Evaluations of AAP agents (orsplatform/api/evals.py)
     path("v1/agents", evals.AgentListView.as_view(), name="api-agents"),
     path("v1/agents/<int:agent_id>", evals.AgentDetailView.as_view(), name="api-agent"),

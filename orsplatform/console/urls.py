@@ -5,6 +5,8 @@ from orsplatform.console import builds, environments, views
 app_name = "console"
 urlpatterns = [
     path("", views.team_list, name="teams"),
+    # Operators' storage page; no trailing slash, so no team slug can take it.
+    path("storage", views.storage, name="storage"),
     path("<slug:slug>/", views.team_detail, name="team"),
     path("<slug:slug>/keys/<str:prefix>/revoke", views.api_key_revoke_view, name="revoke_key"),
     # Publishing (orsplatform/console/environments.py). No trailing slash on "environments": with one it

@@ -13,6 +13,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from orsplatform.auditlog.selectors import retention_of, storage_report
 from orsplatform.console.forms import ApiKeyForm
 from orsplatform.teams import selectors
 from orsplatform.teams.models import ApiKey
@@ -58,7 +59,17 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "console/team_detail.html", {
         "team": team, "role": role, "can_manage": manage, "form": form, "new_token": new_token,
         "keys": keys.object_list, "page": keys, "members": selectors.members_for_team(team=team),
+        "retention": retention_of(team=team),
     })
+
+
+@login_required
+def storage(request: HttpRequest) -> HttpResponse:
+    """Disk per table and team, the audit log's partitions and its archive: operators only (it
+    spans every team)."""
+    if not request.user.is_superuser:
+        raise PermissionDenied("The storage page is for operators.")
+    return render(request, "console/storage.html", storage_report())
 
 
 @login_required

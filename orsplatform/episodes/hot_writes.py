@@ -121,9 +121,9 @@ def _session_create_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) 
 def _tool_call_record_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:
     updates = ", ".join(f"{ToolCall._meta.get_field(f).column} = EXCLUDED.{ToolCall._meta.get_field(f).column}"
                         for f in services.TOOL_CALL_RESULT_FIELDS)
-    task_id = ToolCall._meta.get_field("task_id").column
+    key = ", ".join(ToolCall._meta.get_field(f).column for f in ("task_id", "started_at"))
     sql, params = _insert(ToolCall, [services.tool_call_fields(r) for r in rows], json,
-                          f" ON CONFLICT ({task_id}) DO UPDATE SET {updates}")
+                          f" ON CONFLICT ({key}) DO UPDATE SET {updates}")
     return SqlForm(sql, params, INSERT)
 
 
@@ -181,7 +181,7 @@ def _tool_call_record_copy(rows: list[dict[str, Any]]) -> CopyForm:
 
 
 def _session_end_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:
-    return SqlForm(services.END_SQL, services.session_end_params(rows, json), EXECUTEMANY)
+    return SqlForm(services.end_sql(), services.session_end_params(rows, json), EXECUTEMANY)
 
 
 def _session_record_prompt_sql(rows: list[dict[str, Any]], json: Callable[[Any], Any]) -> SqlForm:

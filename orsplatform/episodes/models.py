@@ -65,7 +65,14 @@ class Session(models.Model):
 
 
 class ToolCall(models.Model):
-    """The audit log of every tool call, and the store that serves reconnects by task_id."""
+    """The audit log of every tool call, and the store that serves reconnects by task_id.
+
+    On PostgreSQL the table is partitioned by day of started_at (docs/audit-log.md): its primary
+    key there is (id, started_at) and its unique key (task_id, started_at), as a partitioned table
+    requires the partition key in both. Django still addresses a row by id alone, which the
+    sequence keeps unique; a call's task_id is a time-ordered random id (engine/ids.py), and the
+    gateway and the sweeper that may both record a call give it the same started_at.
+    """
 
     class Status(models.TextChoices):
         RUNNING = "running"
@@ -75,7 +82,7 @@ class ToolCall(models.Model):
     # No index of its own: (session, started_at) below serves every lookup by session, and each
     # index is one more page written per audit row.
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
-    task_id = models.CharField(max_length=64, unique=True)
+    task_id = models.CharField(max_length=64)
     name = models.CharField(max_length=200)
     input = models.JSONField(default=dict)
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.RUNNING)
@@ -89,3 +96,4 @@ class ToolCall(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["session", "started_at"])]
+        constraints = [models.UniqueConstraint(fields=["task_id", "started_at"], name="toolcall_task_started_unique")]

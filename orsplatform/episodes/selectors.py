@@ -60,4 +60,7 @@ def session_detail_for_team(*, team_id: int, sid: str,
         return None
     session.task_spec = session_spec(session.task_spec, sealed=session.sealed,
                                      environment_team_id=session.environment.team_id, reader=sealed_reader)
-    return session, list(session.tool_calls.order_by("started_at", "id"))
+    # From the database, and from the archive for days that left it (docs/audit-log.md).
+    from orsplatform.auditlog.selectors import calls_of_sessions
+
+    return session, calls_of_sessions([session]).get(session.pk, [])

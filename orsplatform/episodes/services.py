@@ -62,17 +62,26 @@ def session_end(**row: Any) -> None:
 
 # Totals not passed (NULL) are summed from the audit log: sessions served by several gateways (the
 # celery executor) have no in-memory totals. COALESCE and CASE evaluate the subquery only then.
-END_SQL = (
+# On PostgreSQL the calls are bounded by the session's creation (an hour early, for gateways'
+# clocks): calls start after it, and the bound lets the audit log's earlier days' partitions go
+# unread.
+_END_SQL = (
     "UPDATE episodes_session SET status = %s, ended_at = %s,"
     " last_activity_at = COALESCE(%s, last_activity_at), ready_at = COALESCE(%s, ready_at),"
-    " calls = COALESCE(%s, (SELECT COUNT(*) FROM episodes_toolcall t WHERE t.session_id = episodes_session.id)),"
-    " total_reward = CASE WHEN %s THEN %s"
-    " ELSE (SELECT SUM(reward) FROM episodes_toolcall t WHERE t.session_id = episodes_session.id) END,"
-    " finished = COALESCE(%s, EXISTS(SELECT 1 FROM episodes_toolcall t"
-    " WHERE t.session_id = episodes_session.id AND t.finished)),"
+    " calls = COALESCE(%s, (SELECT COUNT(*) {calls})),"
+    " total_reward = CASE WHEN %s THEN %s ELSE (SELECT SUM(reward) {calls}) END,"
+    " finished = COALESCE(%s, EXISTS(SELECT 1 {calls} AND t.finished)),"
     " prompt = COALESCE(prompt, %s)"
     " WHERE id = %s AND status NOT IN ('deleted', 'expired', 'lost')"
 )
+_CALLS_OF = "FROM episodes_toolcall t WHERE t.session_id = episodes_session.id"
+END_SQL = _END_SQL.format(calls=_CALLS_OF)
+END_SQL_POSTGRESQL = _END_SQL.format(
+    calls=f"{_CALLS_OF} AND t.started_at >= episodes_session.created_at - INTERVAL '1 hour'")
+
+
+def end_sql() -> str:
+    return END_SQL_POSTGRESQL if connection.vendor == "postgresql" else END_SQL
 
 
 def sessions_end(*, rows: list[dict[str, Any]]) -> None:
@@ -85,7 +94,7 @@ def sessions_end(*, rows: list[dict[str, Any]]) -> None:
     optional ``prompt`` (blocks) is stored unless one already is: a gateway that holds the
     session to its end writes the prompt here instead of in a statement of its own."""
     with connection.cursor() as cursor:
-        cursor.executemany(END_SQL, session_end_params(rows, _json_param))
+        cursor.executemany(end_sql(), session_end_params(rows, _json_param))
 
 
 def _json_param(value: Any) -> Any:
@@ -155,9 +164,11 @@ def tool_call_fields(row: dict[str, Any]) -> dict[str, Any]:
 def tool_calls_record(*, rows: list[dict[str, Any]]) -> None:
     """Write finished calls to the audit log in one statement. Each row: session_pk, task_id,
     name, input, result (the wire result or None), exception, started_at, finished_at."""
-    # An upsert on task_id: the gateway and the orphaned-call sweeper may both record a call.
+    # An upsert on the call's key: the gateway and the orphaned-call sweeper may both record a call
+    # (with the same started_at, the partition key on PostgreSQL).
     ToolCall.objects.bulk_create(
-        [ToolCall(**tool_call_fields(r)) for r in rows], update_conflicts=True, unique_fields=["task_id"],
+        [ToolCall(**tool_call_fields(r)) for r in rows], update_conflicts=True,
+        unique_fields=["task_id", "started_at"],
         update_fields=TOOL_CALL_RESULT_FIELDS,
     )
 
@@ -242,7 +253,9 @@ def sessions_mark_lost(*, runner: str, limit: int) -> list[tuple[str, int]]:
     return [(sid, team_id) for _, sid, team_id in rows]
 
 
-def tool_call_exists(*, task_id: str) -> bool:
-    return ToolCall.objects.filter(task_id=task_id).exists()
+def tool_call_exists(*, task_id: str, started_at: datetime | None = None) -> bool:
+    """Is the call recorded? With its start time, one day's partition is looked at, not all."""
+    calls = ToolCall.objects.filter(task_id=task_id)
+    return (calls.filter(started_at=started_at) if started_at is not None else calls).exists()
 
 

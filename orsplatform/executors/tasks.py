@@ -134,10 +134,10 @@ def finish_orphaned_calls() -> int:
             client.zrem(keys.calls, task_id)
             continue
         marker = json.loads(raw)
-        if services.tool_call_exists(task_id=task_id):
+        started_at = datetime.fromisoformat(marker["started_at"])
+        if services.tool_call_exists(task_id=task_id, started_at=started_at):
             client.pipeline(transaction=False).delete(keys.call(task_id)).zrem(keys.calls, task_id).execute()
             continue
-        started_at = datetime.fromisoformat(marker["started_at"])
         result_raw = client.get(keys.result(task_id))
         if result_raw is not None:
             payload = json.loads(result_raw)

@@ -10,6 +10,7 @@ from django.db.models import Count, Max, Min, Q, Sum
 from django.db.models.functions import Coalesce
 
 from orsplatform.analytics.selectors import pass_reward
+from orsplatform.auditlog.selectors import calls_of_sessions
 from orsplatform.episodes.models import Session, ToolCall
 from orsplatform.runs.models import Rollout, RolloutMessage, Run
 from orsplatform.teams.models import Team
@@ -198,5 +199,6 @@ def rollout_trajectory(*, team: Team, ref: str) -> Trajectory | None:
     if rollout is None and session is not None:
         rollout = Rollout.objects.filter(team=team, session=session).select_related("run").first()
     messages = list(rollout.message_set.order_by("index")[:MAX_TRAJECTORY_MESSAGES]) if rollout else []
-    calls = list(session.tool_calls.order_by("started_at", "pk")[:MAX_TRAJECTORY_MESSAGES]) if session else []
+    calls = (calls_of_sessions([session], limit=MAX_TRAJECTORY_MESSAGES).get(session.pk, [])
+             if session else [])
     return Trajectory(rollout=rollout, session=session, messages=messages, tool_calls=calls)

@@ -58,6 +58,7 @@ ROUTES = {
     "PATCH splits/{split}": Route("PATCH", f"{ENV}/splits/train", 400, {"hidden_fields": []}, 200, needs_env=True),
     "POST rollback": Route("POST", f"{ENV}/rollback", 400, {"version": 1}, 200, needs_env=True),
     "PUT verify-settings": Route("PUT", f"{ENV}/verify-settings", 400, {"report_only": True}, 200, needs_env=True),
+    "PUT /api/v1/retention": Route("PUT", "/api/v1/retention", 400, {"hot_days": 30}, 200),
     "POST /api/v1/agents": Route("POST", "/api/v1/agents", 400, {"name": "a"}, 400),
     "POST /api/v1/eval-runs": Route("POST", "/api/v1/eval-runs", 400, {"agent": 1}, 400),
     "POST eval-runs/{id}/resume": Route("POST", "/api/v1/eval-runs/1/resume", 400, {}, 404),
