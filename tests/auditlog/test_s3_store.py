@@ -14,6 +14,8 @@ from orsplatform.auditlog.models import ArchivedPeriod, RetentionPolicy
 from orsplatform.auditlog.store import S3Store, sha256_of
 from tests.fixtures.server import free_port
 
+pytestmark = pytest.mark.services  # an S3 server on 127.0.0.1 (TCP)
+
 
 @pytest.fixture
 def s3(monkeypatch, tmp_path):
