@@ -82,6 +82,10 @@ def seed(args) -> dict:
     names = ["move", "look", "submit"]
     sessions_written = calls_written = 0
     prefix = "bench"
+    # Every seeded day in its own partition of the audit log, as the beat keeps them (PostgreSQL).
+    from orsplatform.auditlog import partitions
+
+    partitions.partitions_ensure_ahead(ahead_days=1, behind_days=args.days + 1)
     t0 = time.perf_counter()
     with connection.cursor() as wrapper:
         cursor = wrapper.cursor  # the psycopg cursor, for COPY
