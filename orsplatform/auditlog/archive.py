@@ -44,8 +44,12 @@ SCHEMA = pa.schema([
     ("finished", pa.bool_()), ("error", pa.string()), ("started_at", pa.timestamp("us", tz="UTC")),
     ("finished_at", pa.timestamp("us", tz="UTC")),
 ])
+# Times as microseconds since the epoch: read as integers and cast by Arrow, not parsed into a
+# Python datetime each (that parsing was half the archive's time, bench/audit_archive.py).
 SELECT = ("SELECT t.id, t.session_id, t.task_id, t.name, t.input::text, t.status, t.output::text, t.reward,"
-          " t.finished, t.error, t.started_at, t.finished_at")
+          " t.finished, t.error, (EXTRACT(EPOCH FROM t.started_at) * 1000000)::bigint,"
+          " (EXTRACT(EPOCH FROM t.finished_at) * 1000000)::bigint")
+MICROS = pa.int64()
 FETCH_ROWS = 50_000
 ROW_GROUP_ROWS = 100_000
 
@@ -88,8 +92,9 @@ def _write_parquet(partition: str, team_ref: int, path: Path, using: str) -> int
                        f" WHERE {where} ORDER BY t.session_id, t.started_at, t.id", params)
         while batch := cursor.fetchmany(FETCH_ROWS):
             columns = list(zip(*batch, strict=True))
-            writer.write_table(pa.table([pa.array(c, type=f.type) for c, f in zip(columns, SCHEMA, strict=True)],
-                                        schema=SCHEMA), row_group_size=ROW_GROUP_ROWS)
+            arrays = [pa.array(c, type=MICROS).cast(f.type) if pa.types.is_timestamp(f.type) else pa.array(c, type=f.type)
+                      for c, f in zip(columns, SCHEMA, strict=True)]
+            writer.write_table(pa.table(arrays, schema=SCHEMA), row_group_size=ROW_GROUP_ROWS)
             rows += len(batch)
     return rows
 
