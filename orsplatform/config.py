@@ -382,6 +382,9 @@ _add("ORS_IMAGE_BUILD_ALLOWED_HOSTS", "list", ["registry.npmjs.org"], "HTTPS hos
 _add("ORS_IMAGE_BUILD_HTTP_ORIGINS", "list", ["deb.debian.org:80", "security.debian.org:80"], "Plain-HTTP "
      "origins an image build may reach (Debian's mirrors, for apt-get).")
 _num("ORS_IMAGE_INSPECT_TIMEOUT_SECONDS", 300.0, "Starting a built image and reading its server's tools.")
+_add("ORS_CONTAINER_ARCHIVES", "bool", lambda got: got["ORS_EXECUTOR"] == "celery", "Keep each built image "
+     "as a `docker save` archive beside its package, for runner nodes' own engines (default: with the "
+     "celery executor).", shown="on with `ORS_EXECUTOR=celery`")
 _add("ORS_CONTAINER_LOCAL_BASES", "bool", True, "Build python:3.11-slim and openenv-base stand-ins with "
      "debootstrap (off: the engine pulls the real ones).")
 _num("ORS_CONTAINER_MEMORY_MB", 2048, "A container's memory (its writable layer included) when its "

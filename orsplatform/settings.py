@@ -446,6 +446,7 @@ ORS_DOCKER_HOST = env["ORS_DOCKER_HOST"]
 ORS_IMAGE_BUILD_ALLOWED_HOSTS = env["ORS_IMAGE_BUILD_ALLOWED_HOSTS"]
 ORS_IMAGE_BUILD_HTTP_ORIGINS = env["ORS_IMAGE_BUILD_HTTP_ORIGINS"]
 ORS_IMAGE_INSPECT_TIMEOUT_SECONDS = env["ORS_IMAGE_INSPECT_TIMEOUT_SECONDS"]
+ORS_CONTAINER_ARCHIVES = env["ORS_CONTAINER_ARCHIVES"]
 # A requirement published only as a source distribution is built into a wheel in a sandbox of its
 # own (no shared cache, a throwaway private one; docs/sdists.md); 0 keeps builds wheels-only.
 ORS_BUILD_SDISTS = env["ORS_BUILD_SDISTS"]

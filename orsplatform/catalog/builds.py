@@ -167,6 +167,7 @@ def _package_release(version: EnvironmentVersion) -> None:
         shutil.rmtree(version.package_path, ignore_errors=True)
         data.record(version.package_path, None)
         container_images.record_write(version.package_path, None)  # its image goes with images_collect_unused
+        container_images.archive_path(version.package_path).unlink(missing_ok=True)
 
 
 def versions_fail_stalled_builds(*, older_than_seconds: float, limit: int | None = None) -> int:

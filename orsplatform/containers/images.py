@@ -29,6 +29,12 @@ def record_path(package_dir: str | Path) -> Path:
     return Path(str(package_dir).rstrip("/") + SUFFIX)
 
 
+def archive_path(package_dir: str | Path) -> Path:
+    """The image as ``docker save`` writes it, beside the package: how runner nodes, each with an engine
+    of its own and the packages' folder shared read-only, get an image without a registry."""
+    return Path(str(package_dir).rstrip("/") + SUFFIX + ".tar")
+
+
 def record_write(package_dir: str | Path, record: ImageRecord | None) -> None:
     path = record_path(package_dir)
     if record is None:

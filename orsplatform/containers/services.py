@@ -19,7 +19,7 @@ from django.conf import settings
 from orsplatform.containers import bases
 from orsplatform.containers import build as image_builds
 from orsplatform.containers.engine import Engine, EngineUnavailable
-from orsplatform.containers.images import ImageRecord, record_read, record_write, server_port
+from orsplatform.containers.images import ImageRecord, archive_path, record_read, record_write, server_port
 from orsplatform.containers.inspection import InspectionFailed, inspect_image
 from orsplatform.containers.limits import container_limits
 from orsplatform.containers.worker import shared_engine
@@ -97,9 +97,22 @@ def image_build(*, package_dir: Path, content_hash: str, log: Callable[[str], No
     except RuntimeError as exc:  # a local base could not be made
         raise ContainerBuildFailed(str(exc), check="image") from None
     record = describe(engine, image=image, tag=tag, package_dir=package_dir)
+    if settings.ORS_CONTAINER_ARCHIVES:
+        _archive(engine, record, package_dir, log)
     record_write(package_dir, record)
     log(f"[platform] image {image[:19]}: {len(record.layers)} layers, {record.size / 1e6:.1f} MB")
     return record
+
+
+def _archive(engine: Engine, record: ImageRecord, package_dir: Path, log: Callable[[str], None]) -> None:
+    """``docker save`` of the image beside the package, for runner nodes' engines (images.archive_path)."""
+    target = archive_path(package_dir)
+    if target.is_file():
+        return
+    partial = target.with_name(target.name + ".partial")
+    engine.run("save", "-o", str(partial), record.tag, timeout=1800)
+    partial.replace(target)
+    log(f"[platform] image archived for runner nodes ({target.stat().st_size / 1e6:.0f} MB)")
 
 
 def describe(engine: Engine, *, image: str, tag: str, package_dir: Path) -> ImageRecord:

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from orsplatform.containers import engine as engines
-from orsplatform.containers.images import ImageRecord, record_path, record_read
+from orsplatform.containers.images import ImageRecord, archive_path, record_path, record_read
 from orsplatform.containers.limits import container_limits
 from orsplatform.containers.runtime import RUNTIME_NAME
 from orsplatform.sandbox.config import Limits
@@ -73,6 +73,30 @@ def run_argv(engine: engines.Engine, record: ImageRecord, limits: Limits, name: 
         record.image, "python3", SHIM, json.dumps(spec))
 
 
+class ImageMissing(Exception):
+    pass
+
+
+_present: set[str] = set()  # images known to be in this process's engine
+
+
+def ensure_image(engine: engines.Engine, record: ImageRecord, package_dir: str) -> None:
+    """The version's image in this node's engine: there already (the engine that built it), or loaded
+    from the archive the build left beside the package (a runner node with an engine of its own)."""
+    if record.image in _present:
+        return
+    if engine.run("image", "inspect", "--format", "{{.Id}}", record.image, check=False, timeout=60).returncode != 0:
+        archive = archive_path(package_dir)
+        if not archive.is_file():
+            raise ImageMissing("its image is not in this node's engine and no archive of it was kept "
+                               "(ORS_CONTAINER_ARCHIVES)")
+        loaded = engine.run("load", "-q", "-i", str(archive), check=False, timeout=1800)
+        if loaded.returncode != 0:
+            raise ImageMissing("loading its image failed: " + loaded.stderr.decode(errors="replace")[-300:])
+        log.info("loaded image %s from its archive", record.image[:19])
+    _present.add(record.image)
+
+
 class ContainerWorker(Worker):
     name: str = ""
 
@@ -87,6 +111,10 @@ class ContainerWorker(Worker):
         except engines.EngineUnavailable as exc:
             raise WorkerGone(f"The environment {self.label} is a container and containers cannot run here: "
                              f"{exc}") from None
+        try:
+            await asyncio.to_thread(ensure_image, engine, record, package_dir)
+        except ImageMissing as exc:
+            raise WorkerGone(f"The environment {self.label} cannot start on this node: {exc}") from None
         self.name = f"ors-{secrets.token_hex(8)}"
         argv = run_argv(engine, record, limits, self.name, sized.cpus)
         self.proc = await asyncio.create_subprocess_exec(

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,7 +19,8 @@ import pytest
 from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.catalog.pyenvs import log_path
 from orsplatform.catalog.services import environment_delete
-from orsplatform.containers.images import record_read
+from orsplatform.containers import services as container_services
+from orsplatform.containers.images import archive_path, record_read
 from orsplatform.containers.services import images_collect_unused
 from tests.catalog.support import zip_bytes
 from tests.containers.conftest import package_files
@@ -159,3 +161,16 @@ def test_a_build_that_reaches_past_the_registries_is_refused(servers, owner, con
     assert "unreachable-42" in build_log and "reached-41" not in build_log
     assert "refused a connection outside the package registry: CONNECT example.com:443" in build_log
     assert "reached-43" not in build_log
+
+
+def test_a_node_without_the_image_loads_it_from_the_archive_the_build_kept(hostile, owner, container_engine):
+    server, version = hostile
+    record = record_read(version.package_path)
+    # As a build with the celery executor (ORS_CONTAINER_ARCHIVES) leaves it for runner nodes.
+    container_services._archive(container_engine, record, Path(version.package_path), lambda line: None)
+    assert archive_path(version.package_path).is_file()
+    container_engine.run("rmi", "--force", record.tag)  # a node whose engine never saw the image
+    assert container_engine.run("image", "inspect", record.image, check=False).returncode != 0
+    sid = _session(server, owner)  # the server's pool loads the image from the archive, then starts it
+    assert _probe(server, owner, sid, "sleep", n=0) == {"slept": 0}
+    assert container_engine.run("image", "inspect", record.image, check=False).returncode == 0
