@@ -32,6 +32,7 @@ from ws import Closed, WebSocket  # noqa: E402
 HEADER = struct.Struct(">I")
 HOST = "127.0.0.1"
 STEP_TOOL = "step"
+IDLE_SOCKETS = 64
 KEY = "openenv"
 
 
@@ -85,16 +86,22 @@ class Session:
     def __init__(self, socket: WebSocket) -> None:
         self.socket = socket
         self.prompt: dict | None = None
+        self.asking = 0  # requests in flight: a socket stopped under one is not reused
+        self.clean = True  # nothing failed on it: it may serve the pair's next episode
 
     async def ask(self, *messages: dict) -> list[dict]:
         """Send the messages at once (the server answers them in order) and read each answer."""
-        for message in messages:
-            self.socket.send(dumps(message))
-        await self.socket.writer.drain()
+        self.asking += 1
         try:
+            for message in messages:
+                self.socket.send(dumps(message))
+            await self.socket.writer.drain()
             return [json.loads(await self.socket.receive()) for _ in messages]
-        except (Closed, asyncio.IncompleteReadError, ConnectionError) as exc:
+        except (Closed, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+            self.clean = False
             raise ServerGone(f"The environment's server closed the session: {exc}") from None
+        finally:
+            self.asking -= 1
 
 
 class Shim:
@@ -104,6 +111,10 @@ class Shim:
         self.start_seconds = float(spec.get("start_seconds") or 120)
         self.server: asyncio.subprocess.Process | None = None
         self.sessions: dict[str, Session] = {}
+        # Sockets whose episode ended cleanly, kept for the next one: a reset on an open socket is a
+        # new episode on OpenEnv's server, as its own client reuses one socket per rollout slot
+        # (a new socket costs the server a handshake and a new environment instance).
+        self.idle: list[WebSocket] = []
         self.schema: dict = {}
         self.kind = "step"
 
@@ -135,15 +146,25 @@ class Shim:
     # --- operations ------------------------------------------------------------------------
 
     async def op_setup(self, msg: dict) -> dict | None:
-        try:
-            socket = await WebSocket.connect(HOST, self.port, "/ws")
-        except (OSError, Closed) as exc:
-            raise SetupError(f"The environment's server refused a session: {exc}") from None
-        session = Session(socket)
         spec = msg.get("task_spec")
-        answers = await session.ask({"type": "reset", "data": spec if isinstance(spec, dict) else {}},
-                                    {"type": "state"})
-        observation, state = answers
+        reset = {"type": "reset", "data": spec if isinstance(spec, dict) else {}}
+        session = None
+        while self.idle:
+            session = Session(self.idle.pop())
+            try:
+                observation, state = await session.ask(reset, {"type": "state"})
+                break
+            except ServerGone:  # the server dropped it meanwhile: another one
+                session.socket.close()
+                session = None
+        if session is None:
+            try:
+                socket = await WebSocket.connect(HOST, self.port, "/ws")
+            except (OSError, Closed) as exc:
+                raise SetupError(f"The environment's server refused a session: {exc}") from None
+            session = Session(socket)
+            observation, state = await session.ask(reset, {"type": "state"})
+        socket = session.socket
         if observation.get("type") != "observation":
             socket.close()
             raise SetupError(f"reset failed: {_message(observation)}")
@@ -179,6 +200,7 @@ class Shim:
         except ServerGone as exc:
             return {"exception": str(exc)}
         if observation.get("type") != "observation":
+            session.clean = False
             error = observation.get("data") or {}
             if error.get("code") == "VALIDATION_ERROR":
                 return {"result": {"ok": False, "error": f"Invalid action: {_message(observation)}",
@@ -209,11 +231,15 @@ class Shim:
 
     async def op_stop(self, msg: dict) -> None:
         session = self.sessions.pop(msg["sid"], None)
-        if session is not None:
-            try:
-                session.socket.send(dumps({"type": "close"}))
-            finally:
-                session.socket.close()
+        if session is None:
+            return
+        if session.clean and not session.asking and len(self.idle) < IDLE_SOCKETS:
+            self.idle.append(session.socket)
+            return
+        try:
+            session.socket.send(dumps({"type": "close"}))
+        finally:
+            session.socket.close()
 
     async def op_inspect(self, msg: dict) -> dict:
         """What publishing records: the server's schemas and metadata, and the ORS tools (its MCP
