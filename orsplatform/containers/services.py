@@ -51,7 +51,24 @@ def has_dockerfile(package_dir: Path, manifest: dict | None = None) -> bool:
         manifest = read_manifest(root)
     if manifest.get("runtime") == "container":
         return True
-    return dockerfile.parent.name == "server" or (root / "openenv.yaml").is_file()
+    return (dockerfile.parent.name == "server" or (root / "openenv.yaml").is_file()
+            or space_front_matter(root).get("sdk") == "docker")
+
+
+def space_front_matter(root: Path) -> dict[str, str]:
+    """A Hugging Face Space's settings: the ``---`` front matter of its README.md (``sdk: docker``,
+    ``app_port: 7860``), read as flat ``key: value`` lines."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        lines = (Path(root) / "README.md").read_text(encoding="utf-8")[:8192].splitlines()
+        if lines and lines[0].strip() == "---":
+            for line in lines[1:]:
+                if line.strip() == "---":
+                    break
+                key, sep, value = line.partition(":")
+                if sep and not line.startswith((" ", "\t")):
+                    found[key.strip()] = value.strip().strip("'\"")
+    return found
 
 
 def image_tag(content_hash: str) -> str:
@@ -130,12 +147,14 @@ def describe(engine: Engine, *, image: str, tag: str, package_dir: Path) -> Imag
 
 
 def _openenv_port(package_dir: Path) -> int | None:
+    """openenv.yaml's ``port``, else a Hugging Face Space's ``app_port``."""
+    app_port = space_front_matter(package_dir).get("app_port", "")
     with contextlib.suppress(OSError, UnicodeDecodeError):
         for line in (Path(package_dir) / "openenv.yaml").read_text(encoding="utf-8").splitlines():
             key, sep, value = line.partition(":")
             if sep and key.strip() == "port" and value.strip().isdigit():
                 return int(value.strip())
-    return None
+    return int(app_port) if app_port.isdigit() else None
 
 
 def image_inspect(*, package_dir: Path, record: ImageRecord, sample: dict | None, task_names: list[str],
