@@ -12,6 +12,7 @@ stand-ins off altogether.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -70,6 +71,15 @@ def ensure(engine: Engine, log: Callable[[str], None], build: Callable[[Path, st
     Dockerfile through the build service (openenv-base's stand-in installs uv from PyPI)."""
     if not enabled():
         return
+    engine.state.mkdir(parents=True, exist_ok=True)
+    # One process makes them; the others (parallel test processes, a second build) wait and find them.
+    with open(engine.state / "bases.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _ensure(engine, log, build)
+
+
+def _ensure(engine: Engine, log: Callable[[str], None], build: Callable[[Path, str, Callable[[str], None]], None]
+            ) -> None:
     key = recipe_key()
     python = f"ors-local/python:3.11-{key}"
     openenv = f"ors-local/openenv-base:{key}"
