@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast install migrate publish devkey bench bench-postgres bench-executors worker runner lint clean up down \
-	sandbox-deps browser-deps proxy-deps containers-deps stack-test
+	sandbox-deps browser-deps proxy-deps containers-deps stack-test test-changed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,8 +63,22 @@ run: sandbox-deps containers-deps publish devkey
 	trap 'kill $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
 	$(SERVER_CMD)
 
+# The whole suite. TEST_WORKERS=N runs it in N processes (pytest-xdist; each has its own database,
+# Redis prefix, ports and var/: tests/fixtures/workers.py): most of a test's time is spent waiting
+# on servers, sandboxes and builds, so more workers than cores pay off, and `worksteal` hands the
+# long tests' files around as workers fall idle. 0 (the default until a whole run under workers has
+# passed on this machine: docs/testing.md) runs it in one process. Bytecode is written (a shell may
+# set PYTHONDONTWRITEBYTECODE): each process would otherwise recompile and assertion-rewrite every
+# test module.
+TEST_WORKERS ?= 0
+PYTEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 test: install sandbox-deps browser-deps proxy-deps containers-deps
-	$(PY) -m pytest
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest $(PYTEST_XDIST)
+
+# The tests that touch what changed since this branch left main (commits, edits, new files), chosen
+# from the import graph and the apps' test folders (tools/test_changed.py; `--list` says why).
+test-changed: install sandbox-deps
+	env -u PYTHONDONTWRITEBYTECODE $(PY) tools/test_changed.py --workers $(or $(filter-out 0,$(TEST_WORKERS)),3)
 
 # docker/compose.yml on real containers (installs docker.io, debootstrap and docker-compose when
 # missing, starts its own dockerd if none answers, builds a local Debian base when the registry's
@@ -78,8 +92,8 @@ stack-test: install
 # fails when it selects fewer than FAST_MINIMUM tests, so the tier cannot quietly empty out.
 FAST_MINIMUM ?= 90
 test-fast: install sandbox-deps
-	env -u DATABASE_URL -u REDIS_URL -u CELERY_BROKER_URL ORS_TEST_FAST=1 ORS_TEST_FAST_MINIMUM=$(FAST_MINIMUM) \
-		$(PY) -m pytest -m "not services" -p no:cacheprovider -q
+	env -u DATABASE_URL -u REDIS_URL -u CELERY_BROKER_URL -u PYTHONDONTWRITEBYTECODE ORS_TEST_FAST=1 \
+		ORS_TEST_FAST_MINIMUM=$(FAST_MINIMUM) $(PY) -m pytest -m "not services" -p no:cacheprovider -q
 
 bench: install sandbox-deps
 	$(PY) bench/compare.py --concurrency 16 --duration 20

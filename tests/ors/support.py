@@ -6,6 +6,7 @@ sleep)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import textwrap
 import time
@@ -300,3 +301,17 @@ def all_rows_dump() -> str:
 
 def sid_headers(person, sid: str) -> dict[str, str]:
     return {**person.headers, "X-Session-ID": sid}
+
+
+def assert_detail(r, status: int) -> str:
+    """The response is ``status`` with a JSON ``{"detail": ...}`` naming what went wrong; the detail."""
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert set(body) == {"detail"} and isinstance(body["detail"], str) and body["detail"], body
+    return body["detail"]
+
+
+def x_secrets(secrets: dict) -> str:
+    """The X-Secrets header's value for ``secrets``."""
+    return base64.b64encode(json.dumps(secrets).encode()).decode()

@@ -51,6 +51,91 @@ def is_detail(r) -> bool:
             and set(body) == {"detail"} and isinstance(body["detail"], str) and bool(body["detail"]))
 
 
+def endpoints(env: str, cfg: dict, auth: dict, h: dict, task_id: str) -> list[tuple]:
+    """Every ORS endpoint as (name, method, path, headers, body); ``h`` carries the owner's session id."""
+    tool_name, tool_input = cfg["tool"]
+    split = cfg["create"]["split"]
+    return [
+        ("health", "GET", "/health", auth, None),
+        ("version", "GET", "/version", h, None),
+        ("list_environments", "GET", "/list_environments", auth, None),
+        ("tools", "GET", f"/{env}/tools", auth, None),
+        ("splits", "GET", f"/{env}/splits", auth, None),
+        ("tasks", "POST", f"/{env}/tasks", auth, {"split": split}),
+        ("num_tasks", "POST", f"/{env}/num_tasks", auth, {"split": split}),
+        ("task", "POST", f"/{env}/task", auth, {"split": split, "index": 0}),
+        ("task_range", "POST", f"/{env}/task_range", auth, {"split": split, "start": 0, "stop": 2}),
+        ("create_session", "POST", "/create_session", auth, None),
+        ("create", "POST", f"/{env}/create", {**auth, "X-Session-ID": str(uuid.uuid4())}, cfg["create"]),
+        ("ping", "POST", "/ping", h, None),
+        ("prompt", "GET", f"/{env}/prompt", h, None),
+        ("task_tools", "GET", f"/{env}/task_tools", h, None),
+        ("call", "POST", f"/{env}/call", h, {"name": tool_name, "input": tool_input}),
+        ("call_reconnect", "POST", f"/{env}/call", h, {"task_id": task_id}),
+        ("delete", "POST", "/delete", h, None),
+        ("delete_session", "POST", "/delete_session", h, None),
+    ]
+
+
+def what_the_200s_carry(answers: dict, first, who: str, target: str, env: str) -> list[str]:
+    problems = []
+    same_team = who in ("owner", "member")
+    version_env = answers["version"].json()["environment"]
+    if version_env != (f"{env}@1" if same_team else None):
+        problems.append(f"version: reveals environment {version_env!r} of another team's session to {who}")
+    listed = answers["list_environments"].json()
+    if (PROBE in listed) != same_team and target == "private":
+        problems.append(f"list_environments: {listed}")
+    if same_team:
+        if sse_result(answers["call_reconnect"].text) != sse_result(first.text):
+            problems.append("call_reconnect: not the original result")
+        if not isinstance(answers["prompt"].json(), list):
+            problems.append("prompt: not a list of blocks")
+    return problems
+
+
+async def unlike_an_unknown_session(client, answers: dict, auth: dict, env: str, cfg: dict, task_id: str) -> list[str]:
+    """Another team's session must look exactly like a session that does not exist."""
+    problems = []
+    tool_name, tool_input = cfg["tool"]
+    unknown = {**auth, "X-Session-ID": str(uuid.uuid4())}
+    for name, method, path, body in [("ping", "POST", "/ping", None), ("prompt", "GET", f"/{env}/prompt", None),
+                                     ("task_tools", "GET", f"/{env}/task_tools", None),
+                                     ("call", "POST", f"/{env}/call", {"name": tool_name, "input": tool_input}),
+                                     ("call_reconnect", "POST", f"/{env}/call", {"task_id": task_id}),
+                                     ("delete", "POST", "/delete", None)]:
+        r = await client.request(method, path, headers=unknown, json=body)
+        if (r.status_code, r.content) != (answers[name].status_code, answers[name].content):
+            problems.append(f"{name}: differs from an unknown session: {answers[name].text} vs {r.text}")
+    return problems
+
+
+async def the_owners_session_after(client, owner_h: dict, sid: str, who: str, target: str, env: str,
+                                   cfg: dict) -> list[str]:
+    """Ended by its own team's delete, untouched by anyone else."""
+    problems = []
+    tool_name, tool_input = cfg["tool"]
+    r = await client.post("/ping", headers=owner_h)
+    calls = await acalls(sid)
+    if who in ("owner", "member"):
+        if r.status_code != 410:
+            problems.append(f"after delete by {who}: owner's ping answers {r.status_code}")
+        if len(calls) != 2:
+            problems.append(f"{who}'s call was not recorded on the session: {len(calls)} calls")
+        return problems
+    if r.status_code != 200:
+        problems.append(f"{who} ended the owner's session: ping answers {r.status_code} {r.text}")
+    if len(calls) != 1:
+        problems.append(f"{who} made calls on the owner's session: {len(calls)} calls")
+    row = await arow(sid)
+    if row["status"] not in ("creating", "ready"):
+        problems.append(f"{who} changed the owner's session row to {row['status']}")
+    r = await client.post(f"/{env}/call", headers=owner_h, json={"name": tool_name, "input": tool_input})
+    if not sse_result(r.text).get("ok") and target == "private":
+        problems.append(f"owner cannot call after {who}'s requests: {r.text[:200]}")
+    return problems
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 @pytest.mark.parametrize("who", PEOPLE)
 async def test_every_endpoint_answers_each_caller_according_to_its_team(
@@ -70,32 +155,9 @@ async def test_every_endpoint_answers_each_caller_according_to_its_team(
     task_id = parse_sse(first.text)[0][1]
     assert sse_result(first.text)["ok"] is True
 
-    h = {**auth, "X-Session-ID": sid}
-    new_sid = str(uuid.uuid4())
-    split = cfg["create"]["split"]
-    endpoints = [
-        ("health", "GET", "/health", auth, None),
-        ("version", "GET", "/version", h, None),
-        ("list_environments", "GET", "/list_environments", auth, None),
-        ("tools", "GET", f"/{env}/tools", auth, None),
-        ("splits", "GET", f"/{env}/splits", auth, None),
-        ("tasks", "POST", f"/{env}/tasks", auth, {"split": split}),
-        ("num_tasks", "POST", f"/{env}/num_tasks", auth, {"split": split}),
-        ("task", "POST", f"/{env}/task", auth, {"split": split, "index": 0}),
-        ("task_range", "POST", f"/{env}/task_range", auth, {"split": split, "start": 0, "stop": 2}),
-        ("create_session", "POST", "/create_session", auth, None),
-        ("create", "POST", f"/{env}/create", {**auth, "X-Session-ID": new_sid}, cfg["create"]),
-        ("ping", "POST", "/ping", h, None),
-        ("prompt", "GET", f"/{env}/prompt", h, None),
-        ("task_tools", "GET", f"/{env}/task_tools", h, None),
-        ("call", "POST", f"/{env}/call", h, {"name": tool_name, "input": tool_input}),
-        ("call_reconnect", "POST", f"/{env}/call", h, {"task_id": task_id}),
-        ("delete", "POST", "/delete", h, None),
-        ("delete_session", "POST", "/delete_session", h, None),
-    ]
     problems: list[str] = []
     answers = {}
-    for name, method, path, headers, body in endpoints:
+    for name, method, path, headers, body in endpoints(env, cfg, auth, {**auth, "X-Session-ID": sid}, task_id):
         r = await client.request(method, path, headers=headers, json=body)
         answers[name] = r
         want = expected_status(name, who, target)
@@ -105,50 +167,10 @@ async def test_every_endpoint_answers_each_caller_according_to_its_team(
         if want != 200 and not is_detail(r):
             problems.append(f"{name}: {want} without a JSON {{'detail'}} body: {r.text[:200]}")
 
-    # What the 200s carry.
-    same_team = who in ("owner", "member")
-    version_env = answers["version"].json()["environment"]
-    if version_env != (f"{env}@1" if same_team else None):
-        problems.append(f"version: reveals environment {version_env!r} of another team's session to {who}")
-    listed = answers["list_environments"].json()
-    if (PROBE in listed) != same_team and target == "private":
-        problems.append(f"list_environments: {listed}")
-    if same_team:
-        if sse_result(answers["call_reconnect"].text) != sse_result(first.text):
-            problems.append("call_reconnect: not the original result")
-        if not isinstance(answers["prompt"].json(), list):
-            problems.append("prompt: not a list of blocks")
+    problems += what_the_200s_carry(answers, first, who, target, env)
     if who == "outsider":
-        # Another team's session looks exactly like a session that does not exist.
-        unknown = {**auth, "X-Session-ID": str(uuid.uuid4())}
-        for name, method, path, body in [("ping", "POST", "/ping", None), ("prompt", "GET", f"/{env}/prompt", None),
-                                         ("task_tools", "GET", f"/{env}/task_tools", None),
-                                         ("call", "POST", f"/{env}/call", {"name": tool_name, "input": tool_input}),
-                                         ("call_reconnect", "POST", f"/{env}/call", {"task_id": task_id}),
-                                         ("delete", "POST", "/delete", None)]:
-            r = await client.request(method, path, headers=unknown, json=body)
-            if (r.status_code, r.content) != (answers[name].status_code, answers[name].content):
-                problems.append(f"{name}: differs from an unknown session: {answers[name].text} vs {r.text}")
-
-    # The owner's session: ended by its own team's delete, untouched by anyone else.
-    r = await client.post("/ping", headers=owner_h)
-    calls = await acalls(sid)
-    if same_team:
-        if r.status_code != 410:
-            problems.append(f"after delete by {who}: owner's ping answers {r.status_code}")
-        if len(calls) != 2:
-            problems.append(f"{who}'s call was not recorded on the session: {len(calls)} calls")
-    else:
-        if r.status_code != 200:
-            problems.append(f"{who} ended the owner's session: ping answers {r.status_code} {r.text}")
-        if len(calls) != 1:
-            problems.append(f"{who} made calls on the owner's session: {len(calls)} calls")
-        row = await arow(sid)
-        if row["status"] not in ("creating", "ready"):
-            problems.append(f"{who} changed the owner's session row to {row['status']}")
-        r = await client.post(f"/{env}/call", headers=owner_h, json={"name": tool_name, "input": tool_input})
-        if not sse_result(r.text).get("ok") and target == "private":
-            problems.append(f"owner cannot call after {who}'s requests: {r.text[:200]}")
+        problems += await unlike_an_unknown_session(client, answers, auth, env, cfg, task_id)
+    problems += await the_owners_session_after(client, owner_h, sid, who, target, env, cfg)
     assert not problems, "\n".join(problems)
 
 
