@@ -89,3 +89,30 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     calls = list(ToolCall.objects.filter(session__version=version).order_by("started_at")
                  .values_list("session__protocol", "name", "reward", "finished"))
     assert calls == [("openenv", "step", 7.0, False), ("openenv", "step", 12.0, True), ("ors", "step", 10.0, True)]
+
+
+def test_a_container_environments_hidden_task_fields_reach_its_server_and_no_trainer(
+        servers, owner, member, container_dirs):
+    server = servers(**container_dirs)
+    files = {**package_files("ledger_env"), "manifest.toml": 'hidden_task_fields = ["start"]\n',
+             "tasks/train.jsonl": '{"start": 7, "label": "seven"}\n{"start": 2, "label": "two"}\n'}
+    r = httpx.post(f"{server.url}/api/v1/environments/acme/quiet/versions", headers=owner.headers,
+                   files={"package": ("quiet.zip", zip_bytes(files))}, timeout=BUILD_SECONDS)
+    assert r.status_code == 202, r.text
+    version = _wait_built("quiet")
+    assert version.status == EnvironmentVersion.Status.READY, (version.error, log_path(version.id).read_text()[-3000:])
+    assert [(s["name"], s["type"]) for s in version.splits] == [("train", "train")]
+
+    with ORS(base_url=server.url, api_key=member.token) as client:
+        task = client.environment("acme/quiet").get_task("train", 0)
+        assert task.task_spec == {"label": "seven"}
+    # An episode by split and index: the image's server is reset with the whole task.
+    sid = httpx.post(f"{server.url}/create_session", headers=member.headers).json()["sid"]
+    headers = {**member.headers, "X-Session-ID": sid}
+    r = httpx.post(f"{server.url}/acme/quiet/create", headers=headers, json={"split": "train", "index": 0}, timeout=180)
+    assert r.status_code == 200, r.text
+    prompt = httpx.get(f"{server.url}/acme/quiet/prompt", headers=headers, timeout=180)
+    assert prompt.status_code == 200 and '\\"balance\\":7' in prompt.text, prompt.text[:500]
+    httpx.post(f"{server.url}/delete", headers=headers)
+    rows = list(Session.objects.filter(version=version).values_list("task_spec", flat=True))
+    assert rows and all("start" not in (spec or {}) for spec in rows), rows
