@@ -140,7 +140,9 @@ def test_a_crash_between_archive_and_drop_leaves_both_copies_and_the_next_run_fi
 
 def _waiting_on(connection, table: str) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT EXISTS(SELECT 1 FROM pg_locks WHERE NOT granted AND relation = to_regclass(%s))",
+        # pg_locks spans the server: this database's relation only (parallel test databases share it).
+        cursor.execute("SELECT EXISTS(SELECT 1 FROM pg_locks WHERE NOT granted AND relation = to_regclass(%s)"
+                       " AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
                        [table])
         return cursor.fetchone()[0]
 
