@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orsplatform.containers import engine as engines
-from tests.catalog.conftest import build_dirs, package_dirs, pyenv_root  # noqa: F401 - the same folders
+from tests.catalog.conftest import build_dirs, pyenv_root  # noqa: F401 - the same folders
 
 PACKAGES = Path(__file__).with_name("packages")
 
@@ -30,11 +30,19 @@ def container_engine():
         engines.release(engine)
 
 
+@pytest.fixture(autouse=True)
+def tmp_package_dirs(settings, tmp_path):
+    """Packages (and the image records beside them) under the test's tmp_path, never the checkout's var/."""
+    settings.ORS_PACKAGE_DIR = tmp_path / "packages"
+    settings.ORS_UPLOAD_DIR = tmp_path / "uploads"
+    return settings.ORS_PACKAGE_DIR
+
+
 @pytest.fixture
-def container_dirs(container_engine, settings, build_dirs):  # noqa: F811 - the imported fixture
+def container_dirs(container_engine, settings, build_dirs, tmp_package_dirs):  # noqa: F811 - the imported fixture
     """build_dirs, and the engine's folder for a server subprocess."""
     settings.ORS_CONTAINERS_DIR = container_engine.state
-    return {**build_dirs, "ORS_CONTAINERS_DIR": str(container_engine.state)}
+    return {**build_dirs, "ORS_PACKAGE_DIR": str(tmp_package_dirs), "ORS_CONTAINERS_DIR": str(container_engine.state)}
 
 
 def package_files(name: str) -> dict[str, bytes]:
