@@ -285,8 +285,14 @@ _num("ORS_ROLLOUT_WRITER_THREADS", 8, "Threads writing Rollout API batches at on
 
 # --- Sandbox workers (docs/sandbox.md) -------------------------------------------------------------------
 _group = "Sandbox"
-_sandbox("ORS_SANDBOX", "`none` runs environments without isolation (said at every start); `bwrap` is "
-         "refused at start when bubblewrap cannot run.", kind="choice", choices=("bwrap", "none"))
+_sandbox("ORS_SANDBOX", "Where tenant code runs: `gvisor` (gVisor's application kernel, runsc), `bwrap` "
+         "(bubblewrap's namespaces on the host's kernel), `auto` (gVisor when runsc can start a sandbox here, "
+         "else bubblewrap, said at start with why) or `none` (no isolation, said at every start). An explicit "
+         "runtime that cannot run here is refused at start.", kind="choice", choices=("auto", "gvisor", "bwrap", "none"))
+_sandbox("ORS_GVISOR_RUNSC", "The runsc binary (gVisor).")
+_sandbox("ORS_GVISOR_PLATFORM", "How gVisor intercepts system calls: `ptrace` (everywhere), `systrap` (newer "
+         "gVisor, faster without a VM) or `kvm` (bare metal). docs/gvisor.md.", kind="choice",
+         choices=("ptrace", "systrap", "kvm"))
 _sandbox("ORS_SANDBOX_BWRAP", "The bubblewrap binary.")
 _sandbox("ORS_SANDBOX_ALLOW_NETWORK", "May a manifest's `[sandbox] network = true` have outbound network?")
 _sandbox("ORS_SANDBOX_SESSIONS_PER_WORKER", "More sessions of one (version, team) start another worker.",

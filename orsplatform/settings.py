@@ -298,7 +298,9 @@ ORS_MAX_LIST_TASKS = env["ORS_MAX_LIST_TASKS"]
 ORS_TOOL_THREADS = env["ORS_TOOL_THREADS"]  # per sandbox worker
 # Sandbox workers (orsplatform/sandbox/): the defaults live in sandbox/config.py so runner nodes,
 # which have no Django settings, read the same names with the same defaults.
-ORS_SANDBOX = env["ORS_SANDBOX"]  # bwrap | none (tenants NOT isolated; said at every start)
+ORS_SANDBOX = env["ORS_SANDBOX"]  # auto | gvisor | bwrap | none (tenants NOT isolated; said at every start)
+ORS_GVISOR_RUNSC = env["ORS_GVISOR_RUNSC"]
+ORS_GVISOR_PLATFORM = env["ORS_GVISOR_PLATFORM"]
 ORS_SANDBOX_BWRAP = env["ORS_SANDBOX_BWRAP"]
 ORS_SANDBOX_ALLOW_NETWORK = env["ORS_SANDBOX_ALLOW_NETWORK"]  # may a manifest ask for network?
 ORS_SANDBOX_SESSIONS_PER_WORKER = env["ORS_SANDBOX_SESSIONS_PER_WORKER"]

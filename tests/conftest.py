@@ -7,6 +7,10 @@ os.environ.setdefault("ORS_REDIS_PREFIX", f"ors-test-{uuid.uuid4().hex[:8]}")
 # caller (and in the servers tests start, which inherit this). Tests of background work as it
 # really runs start a worker (tests/fixtures/celery.py: Cluster, EmbeddedWorker).
 os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "true")
+# The platform's default (auto) is gVisor where runsc runs; the suite's is bubblewrap (a worker starts
+# in a tenth of the time), and the sandbox tests run under each runtime through their `runtime`
+# fixture (tests/executors/conftest.py), gVisor included, whatever this says.
+os.environ.setdefault("ORS_SANDBOX", "bwrap")
 
 # pytest-django has loaded the settings before this file runs, so they hold the variable's default
 # ("ors"): set them too, or test runs in parallel on one Redis share their teams' session slots
@@ -14,6 +18,7 @@ os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "true")
 from django.conf import settings  # noqa: E402
 
 settings.ORS_REDIS_PREFIX = os.environ["ORS_REDIS_PREFIX"]
+settings.ORS_SANDBOX = os.environ["ORS_SANDBOX"]
 
 pytest_plugins = [
     "tests.fixtures.database",

@@ -267,7 +267,7 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path 
     if config.isolated:  # uv guards its caches with locks
         # Never as root: the installer as the range's fixed uid, a package's build code as one of
         # its own; each given the folders it writes (sandbox/users.py).
-        cmd = sandboxed(config, limits, all_binds, argv, env, locks=True, cgroup=cgroup,
+        cmd = sandboxed(config, limits, all_binds, argv, env, locks=True, cgroup=cgroup, host_sockets=True,
                         chdir=SANDBOX_SOURCE_BUILD if private is not None else "/tmp", owned=writable,
                         host_uid=None if private is not None else users.INSTALLER_UID)
     else:  # ORS_SANDBOX=none: tenants are not isolated anyway; the installer runs as it is

@@ -26,7 +26,7 @@ from orsplatform.executors.executor import (
     WorkerLost,
 )
 from orsplatform.sandbox import framing
-from orsplatform.sandbox.config import SandboxConfig, SandboxUnavailable, probe
+from orsplatform.sandbox.config import SandboxConfig, SandboxUnavailable, env_setting, fallback_reason, probe
 from orsplatform.sandbox.framing import ReplyTooLarge
 from orsplatform.sandbox.pool import CallTimedOut, SandboxPool, Worker, WorkerError, WorkerGone
 from orsplatform.sandbox.redact import redact, redact_head, secret_values
@@ -102,6 +102,18 @@ def sandbox_config(threads: int) -> SandboxConfig:
     return SandboxConfig.from_env(threads=threads)
 
 
+def _asked() -> str:
+    """ORS_SANDBOX as set (before `auto` is resolved)."""
+    try:
+        from django.conf import settings
+
+        if settings.configured:
+            return str(getattr(settings, "ORS_SANDBOX", "auto")).lower()
+    except ImportError:
+        pass
+    return str(env_setting("ORS_SANDBOX")).lower()
+
+
 def checked(config: SandboxConfig) -> SandboxConfig:
     """The config if its sandbox can run here; refuse to start otherwise, and say at every start
     when tenants run without isolation (ORS_SANDBOX=none)."""
@@ -110,6 +122,12 @@ def checked(config: SandboxConfig) -> SandboxConfig:
         raise SandboxUnavailable(f"{problem} Tenant code cannot be isolated on this machine; set "
                                  "ORS_SANDBOX=none to run without isolation (every tenant's code could then "
                                  "read the platform's credentials and other tenants' sessions).")
+    if config.mode == "gvisor":
+        from orsplatform.sandbox.gvisor import runsc_global_flags
+
+        log.info("tenant code runs under gVisor (runsc %s)", " ".join(runsc_global_flags()))
+    elif config.mode == "bwrap" and (why := fallback_reason(config.mode, _asked())):
+        log.warning("tenant code runs under bubblewrap on the host's kernel, not gVisor: %s", why)
     if not config.isolated:
         log.warning("ORS_SANDBOX=none: tenants are NOT isolated. Environment code runs in plain worker "
                     "processes that can read this machine's files, network and other sessions.")

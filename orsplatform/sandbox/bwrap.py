@@ -22,7 +22,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from orsplatform.sandbox import binding, mount_parents, seccomp, users
+from orsplatform.sandbox import binding, gvisor, mount_parents, seccomp, users
 from orsplatform.sandbox.cgroups import WorkerCgroup
 from orsplatform.sandbox.config import Limits, SandboxConfig
 
@@ -228,7 +228,7 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
               env: dict[str, str] | None = None, runtime: str | None = None, chdir: str = "/tmp", *,
               locks: bool = False, cgroup: WorkerCgroup | None = None,
               copies: list[list[str]] | None = None, owned: list[str] | None = None,
-              host_uid: int | None = None) -> list[str]:
+              host_uid: int | None = None, host_sockets: bool = False) -> list[str]:
     """argv run inside bubblewrap: own namespaces, read-only OS, Python and `binds`, a private /tmp
     and /dev/shm, an empty environment (but `env`), no network unless `limits` allow it, the
     syscall filter (seccomp.py; `locks` leaves file locks to the build sandbox's uv), `cgroup`
@@ -292,6 +292,12 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         "user": users.launch_spec(owned, host_uid=host_uid),
         "argv": users.switch_argv(argv),
     }
+    if config.mode == "gvisor":
+        # The same plan under gVisor's kernel (gvisor.py): no bubblewrap, no host syscall filter
+        # (the tenant's system calls never reach the host's kernel), the user set by the spec.
+        spec["gvisor"] = gvisor.launch_entry(args[1:], argv, rlimits=spec.pop("rlimits"), network=limits.network,
+                                             files=files, copies=spec.pop("copies"), host_sockets=host_sockets)
+        del spec["bwrap"], spec["argv"], spec["seccomp"], spec["files"]
     return [sys.executable, "-I", "-S", str(LAUNCH_SCRIPT), json.dumps(spec)]
 
 

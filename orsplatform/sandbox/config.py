@@ -21,8 +21,12 @@ MiB = 1024 * 1024
 
 # Operator settings (environment variable -> default). settings.py reads the same names.
 DEFAULTS: dict[str, Any] = {
-    "ORS_SANDBOX": "bwrap",  # bwrap | none (none: worker processes without isolation, said at every start)
+    # auto | gvisor | bwrap | none. auto: gVisor where runsc can start a sandbox here, else bubblewrap
+    # (said at start, with why); none: worker processes without isolation (said at every start).
+    "ORS_SANDBOX": "auto",
     "ORS_SANDBOX_BWRAP": "bwrap",
+    "ORS_GVISOR_RUNSC": "runsc",  # gVisor's runsc binary (gvisor.py)
+    "ORS_GVISOR_PLATFORM": "ptrace",  # ptrace | systrap | kvm: how gVisor catches system calls (docs/gvisor.md)
     "ORS_SANDBOX_ALLOW_NETWORK": False,  # may a manifest ask for outbound network access?
     "ORS_SANDBOX_SESSIONS_PER_WORKER": 64,  # more sessions of one (version, team) start another worker
     "ORS_SANDBOX_MAX_WORKERS_PER_KEY": 8,
@@ -106,7 +110,7 @@ class SandboxConfig:
     def from_values(cls, get, *, threads: int) -> SandboxConfig:
         """From a lookup of the ORS_SANDBOX_* names (os.environ, or Django settings)."""
         return cls(
-            mode=str(get("ORS_SANDBOX")).lower(), bwrap=get("ORS_SANDBOX_BWRAP"), threads=threads,
+            mode=resolve_mode(str(get("ORS_SANDBOX")).lower()), bwrap=get("ORS_SANDBOX_BWRAP"), threads=threads,
             allow_network=get("ORS_SANDBOX_ALLOW_NETWORK"),
             sessions_per_worker=get("ORS_SANDBOX_SESSIONS_PER_WORKER"),
             max_workers_per_key=get("ORS_SANDBOX_MAX_WORKERS_PER_KEY"),
@@ -173,13 +177,40 @@ def read_manifest_sandbox(package_dir: str) -> dict:
     return section if isinstance(section, dict) else {}
 
 
+RUNTIMES = ("gvisor", "bwrap")
+
+
+def resolve_mode(mode: str) -> str:
+    """ORS_SANDBOX's runtime: `auto` is gVisor when runsc can start a sandbox here (one probe per
+    process), else bubblewrap; `fallback_reason` says why it fell back."""
+    if mode != "auto":
+        return mode
+    from orsplatform.sandbox import gvisor
+
+    return "gvisor" if gvisor.gvisor_problem() is None else "bwrap"
+
+
+def fallback_reason(config_mode: str, asked: str) -> str | None:
+    """Why `asked` (ORS_SANDBOX) resolved to bubblewrap rather than gVisor, or None."""
+    if asked != "auto" or config_mode != "bwrap":
+        return None
+    from orsplatform.sandbox import gvisor
+
+    return gvisor.gvisor_problem()
+
+
 def probe(config: SandboxConfig) -> str | None:
-    """Why the configured sandbox cannot run here (None: it can). Runs bwrap once with the
-    namespaces a worker gets (once per process and bwrap path)."""
+    """Why the configured sandbox cannot run here (None: it can). Runs bwrap (and for gVisor, runsc)
+    once with the namespaces a worker gets (once per process and path)."""
     if not config.isolated:
         return None
-    if config.mode != "bwrap":
-        return f"Unknown ORS_SANDBOX {config.mode!r} (use bwrap, or none to run tenants without isolation)."
+    if config.mode not in RUNTIMES:
+        return (f"Unknown ORS_SANDBOX {config.mode!r} (use auto, gvisor, bwrap, or none to run tenants "
+                "without isolation).")
+    if config.mode == "gvisor":
+        from orsplatform.sandbox import gvisor
+
+        return gvisor.gvisor_problem()
     from orsplatform.sandbox import seccomp  # its filter is part of the sandbox
 
     return _probe_bwrap(config.bwrap) or seccomp.available()

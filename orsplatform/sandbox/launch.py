@@ -131,6 +131,100 @@ def _max_fd() -> int:
         return os.sysconf("SC_OPEN_MAX")
 
 
+def _sweep(root: str) -> None:
+    """Remove the bundles of gVisor sandboxes whose launcher is gone (killed before it could)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        pid = name.split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _remove(os.path.join(root, name))
+
+
+def _remove(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _bundle(gvisor: dict, user: dict | None) -> str:
+    """Write the OCI bundle of a gVisor sandbox (gvisor.py drew its spec from bubblewrap's plan):
+    a read-only root holding the links and folders, the generated files, and config.json."""
+    root = gvisor["state_root"]
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    _sweep(root)
+    import tempfile
+
+    bundle = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
+    os.chmod(bundle, 0o711)  # gVisor's gofer reads the root and files below as root; nobody else lists it
+    rootfs = os.path.join(bundle, "rootfs")
+    os.mkdir(rootfs, 0o755)
+    oci = gvisor["oci"]
+    for name, target in gvisor["root_links"]:
+        os.symlink(target, os.path.join(rootfs, name))
+    for target, path in oci.pop("links"):
+        inside = os.path.join(rootfs, path.lstrip("/"))
+        if not target:
+            os.makedirs(inside, mode=0o755, exist_ok=True)
+            continue
+        os.makedirs(os.path.dirname(inside), mode=0o755, exist_ok=True)
+        if not os.path.lexists(inside):
+            os.symlink(target, inside)
+    files = os.path.join(bundle, "files")
+    os.mkdir(files, 0o755)
+    for n, (dest, content) in enumerate(gvisor.get("files", ())):
+        path = os.path.join(files, str(n))
+        with open(path, "w") as f:
+            f.write(content)
+        os.chmod(path, 0o444)
+        oci["mounts"].append({"destination": dest, "type": "bind", "source": path, "options": ["rbind", "ro"]})
+    for source, dest in gvisor.get("copies", ()):
+        oci["mounts"].append({"destination": dest, "type": "bind", "source": source, "options": ["rbind", "ro"]})
+    host = (user or {}).get("host") or (user or {}).get("base", 0) + os.getpid()
+    if user:
+        oci["process"]["user"] = {"uid": host, "gid": host}
+        for path in user.get("owned", ()):
+            _own(path, host)
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump(oci, f)
+    return bundle
+
+
+def _run_gvisor(spec: dict) -> None:
+    """Run the sandbox under runsc and remove its bundle after: runsc is a child that dies with
+    this process (which dies with the supervisor), and its sandbox dies with runsc."""
+    gvisor = spec["gvisor"]
+    try:
+        bundle = _bundle(gvisor, spec.get("user"))
+    except OSError as exc:
+        print(f"could not prepare the gVisor sandbox: {exc}", file=sys.stderr)
+        os._exit(126)
+    argv = [gvisor["runsc"], "--root", os.path.join(bundle, "state"), *gvisor["flags"], "run",
+            "--bundle", bundle, "ors-" + os.path.basename(bundle)]
+    child = os.fork()
+    if child == 0:
+        try:
+            _die_with_parent(os.getppid())
+            _close_all_but({0, 1, 2})
+            os.execv(argv[0], argv)
+        finally:
+            os._exit(127)
+    _close_all_but({2})
+    os.close(0)
+    os.close(1)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    _remove(bundle)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     try:
@@ -142,6 +236,8 @@ def main() -> None:
         os._exit(126)
     if spec.get("parent"):
         _die_with_parent(spec["parent"])
+    if spec.get("gvisor"):
+        _run_gvisor(spec)
     keep = {0, 1, 2}
     options: list[str] = []
     if spec.get("user"):

@@ -148,6 +148,7 @@ KERNEL_ENV = textwrap.dedent(r'''
                   os.path.dirname(SHARED), "/ors/env/env.py", "/ors/env"]
         return {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
                 "uid_map": read("/proc/self/uid_map"), "status": read("/proc/self/status"),
+                "no_new_privs": LIBC.prctl(39, 0, 0, 0, 0),  # PR_GET_NO_NEW_PRIVS
                 "owners": {p: os.stat(p).st_uid for p in shared if os.path.exists(p)}}
 
 
@@ -237,6 +238,7 @@ KERNEL_ENV = textwrap.dedent(r'''
                 "read": lambda: attempt(lambda: read(arg)),
                 "writable": lambda: writable(arg.split(",")),
                 "owners": lambda: owners(),
+                "kernel": lambda: {"version": read("/proc/version"), "release": os.uname().release},
                 "residency": lambda: attempt(lambda: residency(arg, list(range(params.n, params.m)))),
                 "sqlite": lambda: sqlite(arg),
                 "stray": lambda: replace_clean_up_and_leave_a_child(arg),

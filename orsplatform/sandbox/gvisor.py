@@ -1,0 +1,216 @@
+"""gVisor (``runsc``): an application kernel between tenant code and the host's.
+
+With ``ORS_SANDBOX=gvisor`` every sandboxed process (workers, the publish-time inspector, prompt
+renders, task-row checks, builds) runs in a gVisor sandbox instead of bubblewrap's namespaces: its
+system calls are served by gVisor's kernel (the Sentry, itself confined by a seccomp filter of
+gVisor's), so a bug in the host kernel's system calls is not reachable from tenant code.
+
+The plan is the one bwrap.py draws, not a second one: ``oci_spec`` reads bubblewrap's options
+(binds, tmpfs sizes and modes, symlinks, /proc, /dev, the environment, the folder to start in) and
+writes the same view as an OCI runtime spec, which launch.py hands to ``runsc run`` (stdin and
+stdout pass through unchanged: the worker's pipe protocol is the same). Limits apply from outside
+as for bubblewrap (the worker's cgroup, joined by launch.py before runsc starts, counts gVisor's
+processes and the memory they hold for the tenant) and inside (the spec's rlimits, enforced by
+gVisor). Mount sources are never shown inside: gVisor's /proc/self/mountinfo names no host path.
+
+The platform (``ORS_GVISOR_PLATFORM``) is how gVisor catches the tenant's system calls:
+``ptrace`` works everywhere (this machine: a VM without nested virtualisation), ``systrap`` (newer
+gVisor releases) is faster without a VM, ``kvm`` is fastest where /dev/kvm is real (it hangs on a
+VM that fakes it). docs/gvisor.md says how to pick one.
+
+Container environments (the Docker engine's ``runsc`` runtime) take their flags from here too:
+one runtime model, one place to configure it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from orsplatform.sandbox.config import DEFAULTS
+
+# Where each sandbox's OCI bundle and runsc state live while it runs (removed after; launch.py
+# sweeps what a killed launcher left).
+STATE_ROOT = os.path.join(tempfile.gettempdir(), "ors-gvisor")
+# The folders of a root every Debian-like program expects, made in each sandbox's (read-only) root.
+ROOT_DIRS = ("proc", "dev", "tmp", "sys", "etc", "usr", "ors")
+
+
+def setting(name: str) -> str:
+    """From Django's settings when configured (the gateway), else the environment (runner nodes)."""
+    try:
+        from django.conf import settings
+
+        if settings.configured and hasattr(settings, name):
+            return str(getattr(settings, name))
+    except ImportError:
+        pass
+    return os.environ.get(name) or DEFAULTS[name]
+
+
+def runsc_path() -> str:
+    name = setting("ORS_GVISOR_RUNSC")
+    return shutil.which(name) or name
+
+
+def runsc_global_flags(platform: str | None = None) -> list[str]:
+    """The flags every runsc invocation of the platform's takes (its sandboxes and the Docker
+    engine's runtime alike): the system-call platform."""
+    return [f"--platform={platform or setting('ORS_GVISOR_PLATFORM')}"]
+
+
+@functools.cache
+def _problem(runsc: str, platform: str) -> str | None:
+    binary = shutil.which(runsc)
+    if binary is None:
+        return f"gVisor ({runsc!r}) is not installed (Debian: apt-get install runsc)."
+    if os.geteuid() != 0:
+        return "gVisor's runsc needs root to start its sandboxes (the supervisor is not root)."
+    bundle = Path(tempfile.mkdtemp(prefix="probe-", dir=_state_root()))
+    try:
+        spec = oci_spec(["--ro-bind", "/usr", "/usr", "--proc", "/proc"], ["/usr/bin/true"], uid=65534)
+        (bundle / "config.json").write_text(json.dumps(spec))
+        (bundle / "rootfs").mkdir()
+        for name, target in root_links():
+            os.symlink(target, bundle / "rootfs" / name)
+        done = subprocess.run([binary, "--root", str(bundle / "state"), *runsc_global_flags(platform),
+                               "--network=none", "--ignore-cgroups", "run", "--bundle", str(bundle),
+                               f"probe-{os.getpid()}"],
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"gVisor could not run here: {exc}"
+    finally:
+        shutil.rmtree(bundle, ignore_errors=True)
+    if done.returncode != 0:
+        detail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"status {done.returncode}"]
+        return f"gVisor could not start a sandbox here ({platform} platform): {detail[0]}"
+    return None
+
+
+def gvisor_problem() -> str | None:
+    """Why gVisor cannot run sandboxes here (None: it can). Starts one sandbox, once per process."""
+    return _problem(setting("ORS_GVISOR_RUNSC"), setting("ORS_GVISOR_PLATFORM"))
+
+
+def _state_root() -> str:
+    os.makedirs(STATE_ROOT, mode=0o700, exist_ok=True)
+    return STATE_ROOT
+
+
+def root_links() -> list[tuple[str, str]]:
+    """The host's merged-/usr links (/bin -> usr/bin, ...), made in every sandbox's root."""
+    return [(top, os.readlink(f"/{top}")) for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32")
+            if os.path.islink(f"/{top}")]
+
+
+RLIMIT_NAMES = {"RLIMIT_AS": "RLIMIT_AS", "RLIMIT_CPU": "RLIMIT_CPU", "RLIMIT_NPROC": "RLIMIT_NPROC",
+                "RLIMIT_NOFILE": "RLIMIT_NOFILE", "RLIMIT_CORE": "RLIMIT_CORE", "RLIMIT_FSIZE": "RLIMIT_FSIZE"}
+
+
+def oci_spec(bwrap_args: list[str], argv: list[str], *, uid: int, rlimits: list[tuple[str, int]] = (),
+             network: bool = False) -> dict:
+    """The OCI runtime spec for bubblewrap's options `bwrap_args` (the subset bwrap.py writes) and
+    `argv`, run as `uid`. The spec's "links" (symlinks to make in the root: OCI has no symlink
+    mount) and "files" (generated files: [sandbox path, content]) are launch.py's to make;
+    runsc never sees them."""
+    mounts: list[dict] = []
+    links: list[list[str]] = []
+    env: dict[str, str] = {}
+    cwd = "/"
+    hostname = "sandbox"
+    size: str | None = None
+    perms: str | None = None
+    read_only: set[str] = set()
+    i = 0
+    args = list(bwrap_args)
+    while i < len(args):
+        flag = args[i]
+        if flag in ("--ro-bind", "--bind", "--ro-bind-try", "--bind-try"):
+            src, dst = args[i + 1], args[i + 2]
+            if "try" not in flag or os.path.exists(src):
+                options = ["rbind", "ro" if flag.startswith("--ro") else "rw"]
+                mounts.append({"destination": dst, "type": "bind", "source": src, "options": options})
+            i += 3
+        elif flag == "--symlink":
+            links.append([args[i + 1], args[i + 2]])
+            i += 3
+        elif flag == "--tmpfs":
+            options = ["nosuid", "nodev", f"mode={perms or '0755'}"]
+            if size:
+                options.append(f"size={size}")
+            mounts.append({"destination": args[i + 1], "type": "tmpfs", "source": "tmpfs", "options": options})
+            size = perms = None
+            i += 2
+        elif flag == "--size":
+            size = args[i + 1]
+            i += 2
+        elif flag == "--perms":
+            perms = args[i + 1]
+            i += 2
+        elif flag == "--proc":
+            mounts.append({"destination": args[i + 1], "type": "proc", "source": "proc"})
+            i += 2
+        elif flag == "--dev":
+            i += 2  # gVisor gives every sandbox its own minimal /dev (null, zero, full, random, urandom, tty, shm)
+        elif flag == "--remount-ro":
+            read_only.add(args[i + 1])
+            i += 2
+        elif flag == "--setenv":
+            env[args[i + 1]] = args[i + 2]
+            i += 3
+        elif flag == "--chdir":
+            cwd = args[i + 1]
+            i += 2
+        elif flag == "--hostname":
+            hostname = args[i + 1]
+            i += 2
+        elif flag == "--dir":
+            links.append(["", args[i + 1]])  # a folder: made in the root
+            perms = size = None
+            i += 2
+        elif flag in ("--cap-add", "--cap-drop", "--userns", "--uid", "--gid"):
+            i += 2
+        else:  # --die-with-parent, --new-session, --clearenv, --unshare-*, --share-net, --disable-userns
+            i += 1
+    for mount in mounts:
+        if mount["destination"] in read_only and mount["type"] == "tmpfs":
+            mount["options"].append("ro")
+    # /dev/shm: gVisor's own (the spec's tmpfs would be unsized); /proc/sys and /proc/pressure are
+    # gVisor's synthetic ones, which write nothing to the host's kernel.
+    mounts = [m for m in mounts if m["destination"] not in ("/dev/shm", "/proc/sys", "/proc/pressure", "/proc/locks")]
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": uid, "gid": uid},
+            "args": argv,
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "cwd": cwd,
+            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "noNewPrivileges": True,
+            "rlimits": [{"type": name, "hard": value, "soft": value} for name, value in rlimits],
+        },
+        "root": {"path": "rootfs", "readonly": True},
+        "hostname": hostname,
+        "mounts": mounts,
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", *(() if network else ("network",)))]},
+        "links": links,
+    }
+
+
+def launch_entry(bwrap_args: list[str], argv: list[str], *, rlimits: list[tuple[str, int]], network: bool,
+                 files: list[list[str]], copies: list[list[str]], host_sockets: bool = False) -> dict:
+    """launch.py's `gvisor` entry: runsc and its flags, and the sandbox's OCI spec. `host_sockets`:
+    the sandbox may connect to host Unix sockets bound into it (the build sandbox's registry
+    proxy); `network`: the host's network (a manifest the operator allowed it), else loopback only."""
+    flags = [*runsc_global_flags(), f"--network={'host' if network else 'none'}", "--ignore-cgroups",
+             *(["--host-uds=open"] if host_sockets else [])]
+    return {"runsc": runsc_path(), "flags": flags, "state_root": STATE_ROOT, "root_links": root_links(),
+            "oci": oci_spec(bwrap_args, argv, uid=65534, rlimits=rlimits, network=network),
+            "files": files, "copies": copies}
