@@ -34,7 +34,7 @@ def refused(cmd: list[str], env: dict[str, str]) -> str:
 
 
 def assert_names_every_bad_value(output: str) -> None:
-    assert "ORS_SANDBOX='bwarp' is not allowed: expected one of bwrap, none" in output
+    assert "ORS_SANDBOX='bwarp' is not allowed: expected one of auto, gvisor, bwrap, none" in output
     assert "DEBUG='ture' is not allowed: expected a boolean" in output
     assert "ORS_MAX_BODY_BYTES='-5' is not allowed: expected an integer >= 0" in output
 
@@ -71,7 +71,7 @@ def test_booleans_accept_the_usual_spellings(raw, expected):
 
 
 def test_an_empty_value_means_the_default():
-    assert config.load({"ORS_SANDBOX": "", "ORS_TOOL_THREADS": " "})["ORS_SANDBOX"] == "bwrap"
+    assert config.load({"ORS_SANDBOX": "", "ORS_TOOL_THREADS": " "})["ORS_SANDBOX"] == "auto"
 
 
 def test_derived_defaults_follow_what_they_derive_from(tmp_path):
@@ -103,7 +103,7 @@ def test_the_sandbox_defaults_are_the_ones_its_supervisors_read_without_the_regi
 
 def test_django_settings_carry_the_registry_values():
     assert settings.ORS_ANALYTICS_PASS_REWARD == 1.0  # documented, and now read
-    assert settings.ORS_SANDBOX in ("bwrap", "none")
+    assert settings.ORS_SANDBOX in ("auto", "gvisor", "bwrap", "none")
 
 
 def test_the_configuration_page_is_the_one_the_registry_generates():

@@ -31,7 +31,6 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from orsplatform.sandbox.config import DEFAULTS
 

@@ -19,7 +19,6 @@ from orsplatform.sandbox.config import SandboxConfig
 from tests.executors.kernel_env import write_kernel_env
 from tests.ors.support import in_db, publish_probe_sync
 
-
 # Every sandbox test runs under each runtime: gVisor's application kernel and bubblewrap's
 # namespaces on the host's. Not skipped anywhere: the suite runs as root here and on CI, where both
 # can run; a `gvisor` run that could not start gVisor fails (the sandbox refuses to start) rather

@@ -9,8 +9,6 @@ from __future__ import annotations
 import errno
 import os
 
-import pytest
-
 from orsplatform.sandbox import users
 from tests.executors.kernel_env import write_kernel_env
 from tests.executors.test_hostile_tenants import open_session
