@@ -258,7 +258,7 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path 
         if config.isolated:
             commands = [[a.replace(str(private), SANDBOX_SOURCE_BUILD) for a in argv] for argv in commands]
             cgroup = WorkerCgroup.create(memory_bytes=limits.memory_bytes, processes=limits.processes,
-                                         cpu_weight=config.cpu_weight)
+                                         cpu_weight=config.cpu_weight, runtime=config.mode)
     for etc in ("/etc/ssl", "/etc/ca-certificates"):
         if os.path.exists(etc):
             all_binds += ["--ro-bind", etc, etc]

@@ -302,7 +302,7 @@ def run_child(*, module: str, package_dir: Path, args: list[str], timeout: float
             # RLIMIT_NPROC not uid 0), so forked children would otherwise add up past the limit.
             cgroup = WorkerCgroup.create(memory_bytes=memory, processes=sandbox.defaults.processes,
                                          cpu_weight=sandbox.cpu_weight,
-                                         total_cpu_weight=sandbox.total_cpu_weight)
+                                         total_cpu_weight=sandbox.total_cpu_weight, runtime=sandbox.mode)
             cmd = child_command(sandbox, module=module, package_dir=package_dir, args=args,
                                 memory_bytes=memory, file_bytes=file_bytes, runtime=runtime, cgroup=cgroup)
             env, cwd = {"PATH": "/usr/bin:/bin"}, "/"

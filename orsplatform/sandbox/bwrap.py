@@ -293,10 +293,11 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         "argv": users.switch_argv(argv),
     }
     if config.mode == "gvisor":
-        # The same plan under gVisor's kernel (gvisor.py): no bubblewrap, no host syscall filter
-        # (the tenant's system calls never reach the host's kernel), the user set by the spec.
+        # The same plan under gVisor's kernel (gvisor.py): no bubblewrap; the syscall filter is
+        # gVisor's to apply (the tenant's calls never reach the host's kernel); the user set by the spec.
         spec["gvisor"] = gvisor.launch_entry(args[1:], argv, rlimits=spec.pop("rlimits"), network=limits.network,
-                                             files=files, copies=spec.pop("copies"), host_sockets=host_sockets)
+                                             files=files, copies=spec.pop("copies"), host_sockets=host_sockets,
+                                             locks=locks)
         del spec["bwrap"], spec["argv"], spec["seccomp"], spec["files"]
     return [sys.executable, "-I", "-S", str(LAUNCH_SCRIPT), json.dumps(spec)]
 

@@ -47,6 +47,10 @@ log = logging.getLogger("orsplatform.sandbox")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 V1_CONTROLLERS = ("memory", "pids", "cpu")
+# What a gVisor sandbox needs of its cgroup for itself (measured: an idle Python worker under the
+# ptrace platform holds 40-60 host tasks and about 60 MiB outside the tenant's own memory).
+GVISOR_TASKS = 256
+GVISOR_MEMORY_BYTES = 256 * 1024 * 1024
 # Where a v1 kernel mounts cpuacct apart from cpu (this machine), workers get a cgroup there too, so
 # their CPU time (children included) is one read; co-mounted ("cpu,cpuacct"), the cpu one has it.
 V1_OPTIONAL = ("cpuacct",)
@@ -226,10 +230,16 @@ class WorkerCgroup:
 
     @classmethod
     def create(cls, *, memory_bytes: int, processes: int, cpu_weight: int,
-               total_cpu_weight: int = 25) -> WorkerCgroup | None:
+               total_cpu_weight: int = 25, runtime: str = "bwrap") -> WorkerCgroup | None:
         lay = layout()
         if lay is None:
             return None
+        if runtime == "gvisor":
+            # Beside the tenant's, gVisor's own tasks and memory: the Sentry's threads, the gofer,
+            # a ptrace stub per tenant thread; the tenant's own count and sizes are held inside by
+            # gVisor (the spec's RLIMIT_NPROC and RLIMIT_AS), this is the outer wall around both.
+            memory_bytes += GVISOR_MEMORY_BYTES
+            processes = 2 * processes + GVISOR_TASKS
         weigh_all(total_cpu_weight)
         name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # the supervisor's pid: see _remove_orphans
         paths = {c: parent / name for c, parent in lay.parents.items()}

@@ -204,12 +204,53 @@ def oci_spec(bwrap_args: list[str], argv: list[str], *, uid: int, rlimits: list[
 
 
 def launch_entry(bwrap_args: list[str], argv: list[str], *, rlimits: list[tuple[str, int]], network: bool,
-                 files: list[list[str]], copies: list[list[str]], host_sockets: bool = False) -> dict:
+                 files: list[list[str]], copies: list[list[str]], host_sockets: bool = False,
+                 locks: bool = False) -> dict:
     """launch.py's `gvisor` entry: runsc and its flags, and the sandbox's OCI spec. `host_sockets`:
     the sandbox may connect to host Unix sockets bound into it (the build sandbox's registry
     proxy); `network`: the host's network (a manifest the operator allowed it), else loopback only."""
+    from orsplatform.sandbox import seccomp
+
     flags = [*runsc_global_flags(), f"--network={'host' if network else 'none'}", "--ignore-cgroups",
-             *(["--host-uds=open"] if host_sockets else [])]
+             "--oci-seccomp", *(["--host-uds=open"] if host_sockets else [])]
+    spec = oci_spec(bwrap_args, argv, uid=65534, rlimits=rlimits, network=network)
+    # The platform's syscall filter inside gVisor's kernel too: the same refusals under either runtime.
+    spec["linux"]["seccomp"] = seccomp.oci(locks=locks)
     return {"runsc": runsc_path(), "flags": flags, "state_root": STATE_ROOT, "root_links": root_links(),
-            "oci": oci_spec(bwrap_args, argv, uid=65534, rlimits=rlimits, network=network),
-            "files": files, "copies": copies}
+            "oci": spec, "files": files, "copies": copies}
+
+
+def _container_of(launcher: int) -> tuple[str, str] | None:
+    """The runsc state folder and container id of the sandbox launch.py `launcher` runs."""
+    try:
+        names = os.listdir(STATE_ROOT)
+    except OSError:
+        return None
+    for name in names:
+        if name.startswith(f"{launcher}-"):
+            return os.path.join(STATE_ROOT, name, "state"), f"ors-{name}"
+    return None
+
+
+def kill_strays(launcher: int) -> int:
+    """SIGKILL every process of the gVisor sandbox `launcher` runs but its init (the worker): what
+    ended sessions left. Asked of gVisor from outside, so tenant code cannot opt out. Returns how
+    many were killed."""
+    found = _container_of(launcher)
+    if found is None:
+        return 0
+    state, container = found
+    runsc = [runsc_path(), "--root", state]
+    try:
+        listed = subprocess.run([*runsc, "ps", "--format", "json", container], capture_output=True, timeout=30)
+        procs = json.loads(listed.stdout or b"[]") if listed.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return 0
+    killed = 0
+    for proc in procs or ():
+        pid = proc.get("PID") if isinstance(proc, dict) else None
+        if isinstance(pid, int) and pid != 1:
+            done = subprocess.run([*runsc, "kill", "--pid", str(pid), container, "KILL"], capture_output=True,
+                                  timeout=30)
+            killed += done.returncode == 0
+    return killed

@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from orsplatform.sandbox import gvisor
 from orsplatform.sandbox.bwrap import command
 from orsplatform.sandbox.cgroups import WorkerCgroup, descendants, kill_strays
 from orsplatform.sandbox.config import Limits, SandboxConfig
@@ -117,7 +118,8 @@ class Worker:
         if self.config.isolated:
             self._cgroup = WorkerCgroup.create(memory_bytes=limits.memory_bytes, processes=limits.processes,
                                                cpu_weight=self.config.cpu_weight,
-                                               total_cpu_weight=self.config.total_cpu_weight)
+                                               total_cpu_weight=self.config.total_cpu_weight,
+                                               runtime=self.config.mode)
         # A fixed PATH: the host's (a virtualenv's bin, a checkout) would show in the sandbox
         # init's /proc/1/environ.
         path = "/usr/local/bin:/usr/bin:/bin" if self.config.isolated else os.environ.get("PATH", "/usr/bin:/bin")
@@ -307,6 +309,11 @@ class Worker:
         sessions left behind. The worker does the same from inside (worker.end_strays), but tenant
         code can replace that; this it cannot."""
         if self.proc is None or self.proc.returncode is not None or not self.config.isolated:
+            return
+        if self.config.mode == "gvisor":
+            # The cgroup holds gVisor's own processes, not the tenant's: gVisor lists and kills those.
+            task = asyncio.get_running_loop().run_in_executor(None, gvisor.kill_strays, self.proc.pid)
+            task.add_done_callback(_consume)
             return
         try:
             kill_strays(self._cgroup.pids() if self._cgroup is not None else descendants(self.proc.pid))

@@ -87,32 +87,44 @@ class SeccompUnavailable(Exception):
     """libseccomp (or its binding) is missing."""
 
 
+def rules(*, locks: bool) -> list[tuple[str | int, int, tuple[tuple[int, int, int], ...]]]:
+    """The filter as data: (syscall, errno, ((argument, mask, value), ...)); a call matching every
+    condition of a rule (none: always) fails with that errno. Drawn for bubblewrap's BPF program
+    (`program`) and gVisor's OCI filter (`oci`) alike."""
+    found: list[tuple[str | int, int, tuple[tuple[int, int, int], ...]]] = []
+    found += [(name, errno.EPERM, ()) for name in DENIED]
+    found.append(("clone3", errno.ENOSYS, ()))
+    found += [(name, errno.ENOSYS, ()) for name in RESIDENCY]
+    found += [(name, errno.EOPNOTSUPP, ((5, RWF_NOWAIT, RWF_NOWAIT),)) for name in ("preadv2", "pwritev2")]
+    found += [("clone", errno.EPERM, ((0, flag, flag),)) for flag in NAMESPACE_FLAGS]
+    if not locks:
+        found.append(("flock", errno.ENOSYS, ()))
+        found += [("fcntl", errno.ENOSYS, ((1, 0xFFFFFFFF, cmd),)) for cmd in LOCK_COMMANDS]
+    return found
+
+
 def _rules(f, *, locks: bool) -> None:
     import pyseccomp as sc
 
-    def deny(name: str | int, err: int, *args) -> None:
+    for name, err, conditions in rules(locks=locks):
         try:
-            f.add_rule(sc.ERRNO(err), name, *args)
+            f.add_rule(sc.ERRNO(err), name, *(sc.Arg(i, sc.MASKED_EQ, mask, value) for i, mask, value in conditions))
         except (RuntimeError, OSError, ValueError):
-            # A call this architecture or libseccomp does not know: nothing to refuse.
             log.debug("seccomp: no syscall %s here", name)
 
-    for name in DENIED:
-        deny(name, errno.EPERM)
-    deny("clone3", errno.ENOSYS)
-    for name in RESIDENCY:
-        deny(name, errno.ENOSYS)
-    for name in ("preadv2", "pwritev2"):
-        # flags is the sixth argument; EOPNOTSUPP is the kernel's own answer where it lacks NOWAIT.
-        deny(name, errno.EOPNOTSUPP, sc.Arg(5, sc.MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT))
-    for flag in NAMESPACE_FLAGS:
-        deny("clone", errno.EPERM, sc.Arg(0, sc.MASKED_EQ, flag, flag))
-    if not locks:
-        deny("flock", errno.ENOSYS)
-        for cmd in LOCK_COMMANDS:
-            # The kernel reads fcntl's cmd as a 32-bit int, while the filter sees the whole 64-bit
-            # register: an exact compare would let (1 << 32) | F_SETLK through. Compare the low half.
-            deny("fcntl", errno.ENOSYS, sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, cmd))
+
+def oci(*, locks: bool = False) -> dict:
+    """The filter's unconditional EPERM rules as an OCI runtime spec's `linux.seccomp`, which gVisor
+    applies inside its sandbox (runsc --oci-seccomp): ptrace, new namespaces, keyrings, io_uring,
+    bpf, mounts and the rest are refused under either runtime. This gVisor answers every refusal
+    with EPERM (it ignores `errnoRet`) and applies a rule on arguments to every call of its name
+    (clone's namespace flags would refuse all threads), so the rest is left to gVisor's kernel,
+    where it is no channel: file locks, page-cache residency and namespaces are the sandbox's own,
+    not the host's, and clone3 is not implemented (ENOSYS, on which glibc falls back to clone)."""
+    names = sorted(name for name, err, conditions in rules(locks=locks)
+                   if isinstance(name, str) and err == errno.EPERM and not conditions)
+    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"],
+            "syscalls": [{"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}]}
 
 
 @functools.cache

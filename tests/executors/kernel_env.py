@@ -77,6 +77,15 @@ KERNEL_ENV = textwrap.dedent(r'''
         return out
 
 
+    HELD = []
+
+    def hold_lock():
+        """An exclusive lock on the shared file, kept (with its descriptor) after the call."""
+        f = open(SHARED, "rb")
+        HELD.append(f)
+        return fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
     def hog(mib, children):
         pids = []
         for _ in range(children):
@@ -231,6 +240,7 @@ KERNEL_ENV = textwrap.dedent(r'''
             value = {
                 "locks": lambda: locks(),
                 "proc_locks": lambda: attempt(lambda: read("/proc/locks")),
+                "hold_lock": lambda: attempt(hold_lock),
                 "syscall": lambda: syscall(arg),
                 "hog": lambda: hog(params.n, params.m),
                 "fill": lambda: attempt(lambda: fill(arg, params.n)),

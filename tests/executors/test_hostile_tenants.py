@@ -44,10 +44,12 @@ def canary() -> str:
 
 
 @pytest.fixture
-async def hostile(outsider, tmp_path):
+async def hostile(outsider, tmp_path, runtime):
     from orsplatform.catalog.services import environment_publish
 
-    write_hostile(tmp_path / "hostile")
+    # Under gVisor's ptrace platform each system call costs tens of microseconds: the probes that
+    # make thousands (a memory scan, 500 forks) get the time they need to finish and be checked.
+    write_hostile(tmp_path / "hostile", timeout=2.0 if runtime == "bwrap" else 15.0)
     version = await in_db(lambda: environment_publish(team=outsider.team, source_dir=tmp_path / "hostile").version)
     return version.package_path
 
