@@ -191,7 +191,9 @@ class EpisodeGateway:
         runner = runner or await self._place(caller)
         holds_slot = slot_taken if slot_taken is not None else await self.limits.acquire_session(
             caller.team_id, sid, caller.max_open_sessions)
-        owner = {"pk": None, "team": caller.team_id, "version": env.version_id,
+        # `caller`: the API key. Its sessions share workers with no other key's, even of its own
+        # team, so nothing one caller's code left running meets another's session (pool.py).
+        owner = {"pk": None, "team": caller.team_id, "caller": caller.api_key_id, "version": env.version_id,
                  "env": f"{env.full_name}@{env.version_number}", "slot": holds_slot}
         spec = SessionSpec(sid=sid, package_path=env.package_path, entrypoint=env.entrypoint,
                            task_spec=task_spec, secrets=secrets, owner=owner)

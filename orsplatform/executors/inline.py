@@ -153,7 +153,8 @@ class InlineExecutor(Executor):
         label = str(spec.owner.get("env") or spec.entrypoint)
         try:
             live.worker = await self.pool.acquire(sid=spec.sid, package_dir=spec.package_path,
-                                                  team=spec.owner.get("team"), label=label)
+                                                  team=spec.owner.get("team"), caller=spec.owner.get("caller"),
+                                                  label=label)
             first = await live.worker.request("setup", sid=spec.sid, entrypoint=spec.entrypoint,
                                               task_spec=spec.task_spec, secrets=dict(spec.secrets), first=True)
             live.first = first if isinstance(first, dict) else None

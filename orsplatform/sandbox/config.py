@@ -17,6 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from orsplatform.sandbox import gvisor
+from orsplatform.sandbox.gvisor import GVISOR_DEFAULTS
+
 MiB = 1024 * 1024
 
 # Operator settings (environment variable -> default). settings.py reads the same names.
@@ -25,8 +28,7 @@ DEFAULTS: dict[str, Any] = {
     # (said at start, with why); none: worker processes without isolation (said at every start).
     "ORS_SANDBOX": "auto",
     "ORS_SANDBOX_BWRAP": "bwrap",
-    "ORS_GVISOR_RUNSC": "runsc",  # gVisor's runsc binary (gvisor.py)
-    "ORS_GVISOR_PLATFORM": "ptrace",  # ptrace | systrap | kvm: how gVisor catches system calls (docs/gvisor.md)
+    **GVISOR_DEFAULTS,  # ORS_GVISOR_RUNSC, ORS_GVISOR_PLATFORM (docs/gvisor.md)
     "ORS_SANDBOX_ALLOW_NETWORK": False,  # may a manifest ask for outbound network access?
     "ORS_SANDBOX_SESSIONS_PER_WORKER": 64,  # more sessions of one (version, team) start another worker
     "ORS_SANDBOX_MAX_WORKERS_PER_KEY": 8,
@@ -185,8 +187,6 @@ def resolve_mode(mode: str) -> str:
     process), else bubblewrap; `fallback_reason` says why it fell back."""
     if mode != "auto":
         return mode
-    from orsplatform.sandbox import gvisor
-
     return "gvisor" if gvisor.gvisor_problem() is None else "bwrap"
 
 
@@ -194,8 +194,6 @@ def fallback_reason(config_mode: str, asked: str) -> str | None:
     """Why `asked` (ORS_SANDBOX) resolved to bubblewrap rather than gVisor, or None."""
     if asked != "auto" or config_mode != "bwrap":
         return None
-    from orsplatform.sandbox import gvisor
-
     return gvisor.gvisor_problem()
 
 
@@ -208,8 +206,6 @@ def probe(config: SandboxConfig) -> str | None:
         return (f"Unknown ORS_SANDBOX {config.mode!r} (use auto, gvisor, bwrap, or none to run tenants "
                 "without isolation).")
     if config.mode == "gvisor":
-        from orsplatform.sandbox import gvisor
-
         return gvisor.gvisor_problem()
     from orsplatform.sandbox import seccomp  # its filter is part of the sandbox
 

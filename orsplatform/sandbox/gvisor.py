@@ -31,14 +31,16 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from orsplatform.sandbox.config import DEFAULTS
-
+# Operator settings (environment variable -> default); sandbox/config.py lists them with the rest.
+GVISOR_DEFAULTS: dict[str, Any] = {
+    "ORS_GVISOR_RUNSC": "runsc",  # gVisor's runsc binary
+    "ORS_GVISOR_PLATFORM": "ptrace",  # ptrace | systrap | kvm: how gVisor catches system calls
+}
 # Where each sandbox's OCI bundle and runsc state live while it runs (removed after; launch.py
 # sweeps what a killed launcher left).
 STATE_ROOT = os.path.join(tempfile.gettempdir(), "ors-gvisor")
-# The folders of a root every Debian-like program expects, made in each sandbox's (read-only) root.
-ROOT_DIRS = ("proc", "dev", "tmp", "sys", "etc", "usr", "ors")
 
 
 def setting(name: str) -> str:
@@ -50,7 +52,7 @@ def setting(name: str) -> str:
             return str(getattr(settings, name))
     except ImportError:
         pass
-    return os.environ.get(name) or DEFAULTS[name]
+    return os.environ.get(name) or GVISOR_DEFAULTS[name]
 
 
 def runsc_path() -> str:

@@ -241,6 +241,8 @@ KERNEL_ENV = textwrap.dedent(r'''
                 "locks": lambda: locks(),
                 "proc_locks": lambda: attempt(lambda: read("/proc/locks")),
                 "hold_lock": lambda: attempt(hold_lock),
+                "commands": lambda: sorted(filter(None, (attempt(lambda: read(f"/proc/{p}/cmdline")).get("value")
+                                                         for p in os.listdir("/proc") if p.isdigit()))),
                 "syscall": lambda: syscall(arg),
                 "hog": lambda: hog(params.n, params.m),
                 "fill": lambda: attempt(lambda: fill(arg, params.n)),

@@ -16,7 +16,7 @@ from orsplatform.executors.inline import InlineExecutor
 from orsplatform.sandbox import cgroups
 from orsplatform.sandbox.cgroups import WorkerCgroup
 from orsplatform.sandbox.config import SandboxConfig
-from orsplatform.sandbox.pool import CALM_SECONDS, JANITOR_SECONDS, Worker
+from orsplatform.sandbox.supervised import CALM_SECONDS, JANITOR_SECONDS, Worker
 from tests.ors.support import wait_for
 
 BURNER_ENV = textwrap.dedent('''

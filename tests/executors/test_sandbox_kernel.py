@@ -24,7 +24,7 @@ from orsplatform.ors.app import OrsApp
 from orsplatform.sandbox.config import MiB, SandboxConfig
 from tests.executors.test_hostile_tenants import TeamA, _host_processes, open_session
 from tests.fixtures.ors import sse_result
-from tests.ors.support import sid_headers, wait_for
+from tests.ors.support import in_db, sid_headers, wait_for
 
 KERNEL = "globex/kernel"
 REFUSED = ("ptrace", "process_vm_readv", "unshare", "mount", "bpf", "io_uring_setup", "perf_event_open", "keyctl")
@@ -177,6 +177,29 @@ async def test_a_stray_child_is_gone_after_its_session_ends_even_when_tenant_cod
             assert all(w.alive for w in app.gateway.executor.pool.workers())
     finally:
         await app.shutdown()
+
+
+async def test_a_child_left_by_one_key_never_meets_another_keys_session_of_the_same_team(
+        runtime, sbx, sandbox_app, outsider, kernel_env):
+    """Red team three's last tenant finding: a child left by tenant code lived on into a later session
+    of the same environment and team while the worker had other sessions. Each API key's sessions
+    have workers of their own (pool.py), so another key of the team never shares its processes."""
+    from orsplatform.teams.services import api_key_create
+
+    other = await in_db(lambda: api_key_create(team=outsider.team, name="second-trainer").token)
+    second = type(outsider)(outsider.username, outsider.team, outsider.role, other)
+    first_sid = await open_session(sbx, outsider, KERNEL)
+    still_open = await open_session(sbx, outsider, KERNEL)  # the first key's worker stays busy
+    mark = f"{5000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
+    await probe(sbx, outsider, first_sid, "stray", mark)
+    await sbx.post("/delete", headers=sid_headers(outsider, first_sid))
+    later = await open_session(sbx, second, KERNEL)
+    seen = await probe(sbx, second, later, "commands")
+    assert seen and not [c for c in seen if mark in c], seen
+    assert len({id(w) for w in workers_of(sandbox_app, KERNEL)}) == 2  # one per key
+    # The first key's own later session still shares its worker (and its leftovers: its own code).
+    mine = await probe(sbx, outsider, still_open, "commands")
+    assert [c for c in mine if mark in c], mine
 
 
 def test_no_descriptor_of_the_gateway_reaches_a_worker_under_uvloop(kernel_env):

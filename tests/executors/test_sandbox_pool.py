@@ -57,6 +57,29 @@ async def test_a_pair_gets_more_workers_under_load_and_idle_ones_are_retired(pac
         await executor.close()
 
 
+async def test_a_busy_pair_gets_a_warm_spare_before_its_worker_is_full(package):
+    # Three quarters of the cap in use: the next worker starts then, so the session that fills the
+    # first one and the one after it wait for no start.
+    config = dataclasses.replace(SandboxConfig.from_env(threads=4), sessions_per_worker=4, idle_seconds=600)
+    executor = InlineExecutor(threads=4, config=config)
+    try:
+        for i in range(2):
+            await executor.start(spec(f"s{i}", package, team=1))
+            await executor.wait_ready(f"s{i}", 60)
+        assert len(executor.pool.workers()) == 1  # half full: no spare yet
+        await executor.start(spec("s2", package, team=1))
+        await executor.wait_ready("s2", 60)
+        await wait_until(lambda: len([w for w in executor.pool.workers() if w.alive]) == 2, timeout=60)
+        assert sorted(len(w.sessions) for w in executor.pool.workers()) == [0, 3]
+        await executor.start(spec("s3", package, team=1))
+        await executor.start(spec("s4", package, team=1))
+        for sid in ("s3", "s4"):
+            await executor.wait_ready(sid, 60)
+        assert sorted(len(w.sessions) for w in executor.pool.workers()) == [1, 4]
+    finally:
+        await executor.close()
+
+
 def test_manifest_limits_are_capped_by_the_operators_maxima(tmp_path):
     write_hostile(tmp_path / "big", extra="network = true\ncpu_seconds = 999999")
     config = SandboxConfig.from_env(threads=1)
