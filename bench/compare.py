@@ -361,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmark this running platform instead of starting one (use with --api-key)",
     )
     parser.add_argument("--api-key", default=None, help="API key for --platform-url")
+    parser.add_argument("--sandbox", default=None, help="the platform's sandbox runtimes to measure one after "
+                        "the other, e.g. bwrap,gvisor (ORS_SANDBOX; default: the environment's setting)")
     parser.add_argument(
         "--postgres",
         action="store_true",
@@ -423,27 +425,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     script = args.reference_script or ROOT / "envs" / args.env / "env.py"
 
+    runtimes = [r.strip() for r in args.sandbox.split(",") if r.strip()] if args.sandbox else [None]
+    platforms: dict[str, dict[str, Any] | None] = {}
     with work_directory(args.keep_dir) as workdir:
         reference = run_side(
             "reference (ors.Server)", lambda: bench_reference(script, load, workdir, args.startup_timeout)
         )
-        platform = run_side(
-            f"platform ({'external' if args.platform_url else args.server})",
-            lambda: run_platform(args, load, workdir),
-        )
+        for runtime in runtimes:
+            if runtime:  # the platform's server reads ORS_SANDBOX (bwrap, gvisor, ...) at start
+                os.environ["ORS_SANDBOX"] = runtime
+            label = f"platform ({'external' if args.platform_url else args.server}{', ' + runtime if runtime else ''})"
+            platforms[runtime or "default"] = run_side(label, lambda: run_platform(args, load, workdir))
 
-    comparison = compare(reference, platform) if reference and platform else None
-    if comparison:
-        print(format_comparison(comparison))
+    comparisons = {}
+    for name, platform in platforms.items():
+        comparison = compare(reference, platform) if reference and platform else None
+        comparisons[name] = comparison
+        if comparison:
+            print(f"-- sandbox: {name}" if args.sandbox else "", flush=True)
+            print(format_comparison(comparison))
     if args.json_out:
         report = {
             "config": vars(load),
             "reference": reference,
-            "platform": platform,
-            "comparison": comparison,
+            "platform": platforms if args.sandbox else platforms["default"],
+            "comparison": comparisons if args.sandbox else comparisons["default"],
         }
         args.json_out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    ok = reference is not None and platform is not None and is_clean(reference) and is_clean(platform)
+    ok = reference is not None and is_clean(reference) and all(p is not None and is_clean(p) for p in platforms.values())
     return 0 if ok else 1
 
 
