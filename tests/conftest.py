@@ -29,6 +29,7 @@ pytest_plugins = [
     "tests.fixtures.tcp_proxy",
     "tests.fixtures.server_database",
     "tests.fixtures.tiers",
+    "tests.fixtures.runtimes",
 ]
 
 # tests/stack runs against docker/compose.yml on real containers: `make stack-test` (bin/stack-test)

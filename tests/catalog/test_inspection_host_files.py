@@ -25,7 +25,8 @@ from tests.catalog.support import FILE_TASKS_ENV, env_with, publish, wait_until
 from tests.catalog.test_validation_sandbox import _sleepers
 
 MiB = 1024 * 1024
-BOTH = pytest.mark.parametrize("sandbox", ["bwrap", "none"])
+# Each sandbox runtime, and none (the inspector's own limits hold without one too).
+BOTH = pytest.mark.parametrize("sandbox", ["bwrap", "gvisor", "none"])
 
 
 def failed(response) -> dict:

@@ -192,7 +192,7 @@ def listener():
 
 
 def test_a_hostile_setup_py_reaches_nothing_but_the_index_and_its_failure_names_the_package(
-        owner, settings, index, listener, tmp_path):
+        runtime, owner, settings, index, listener, tmp_path):
     port, accepted = listener
     stray = f"{7000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
     secret = tmp_path / "host-secret.txt"
@@ -235,10 +235,13 @@ def test_a_hostile_setup_py_reaches_nothing_but_the_index_and_its_failure_names_
     assert f"[platform] refused a connection outside the package registry: GET http://127.0.0.1:{port}/" in log
     # Not the host's root, nor any host user that owns a file: an unused uid of the sandbox's own,
     # to which every kernel setting is read-only.
-    uid_map = probes["uid_map"].split(" / ")
-    assert probes["uid"] == str(users.SANDBOX_UID) and uid_map[0] == "0 0 1", probes
-    host_uid = int(uid_map[1].split()[1])
-    assert uid_map[1].split()[0] == str(users.SANDBOX_UID) and host_uid >= users.UID_BASE, probes
+    if runtime == "bwrap":
+        uid_map = probes["uid_map"].split(" / ")
+        assert probes["uid"] == str(users.SANDBOX_UID) and uid_map[0] == "0 0 1", probes
+        host_uid = int(uid_map[1].split()[1])
+        assert uid_map[1].split()[0] == str(users.SANDBOX_UID) and host_uid >= users.UID_BASE, probes
+    else:  # gVisor's own users: the build code is the host uid its files are written as, of the range
+        assert users.UID_BASE <= int(probes["uid"]) < users.UID_BASE + 2**22, probes
     for knob in ("kernel/core_pattern", "kernel/printk_ratelimit_burst", "vm/drop_caches"):
         # /proc/sys is an empty read-only folder there too; the uid alone would refuse the write.
         assert probes[f"sysctl {knob}"] in ("refused (FileNotFoundError)", "refused (PermissionError)"), probes

@@ -5,7 +5,6 @@ the kernel-probing environment (kernel_env.py, published by globex) and team A's
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import httpx
 import pytest
@@ -18,20 +17,6 @@ from orsplatform.ors.app import OrsApp
 from orsplatform.sandbox.config import SandboxConfig
 from tests.executors.kernel_env import write_kernel_env
 from tests.ors.support import in_db, publish_probe_sync
-
-# Every sandbox test runs under each runtime: gVisor's application kernel and bubblewrap's
-# namespaces on the host's. Not skipped anywhere: the suite runs as root here and on CI, where both
-# can run; a `gvisor` run that could not start gVisor fails (the sandbox refuses to start) rather
-# than falling back.
-RUNTIMES = ["bwrap", "gvisor"]
-
-
-@pytest.fixture(params=RUNTIMES)
-def runtime(request, settings, monkeypatch):
-    assert os.geteuid() == 0, "the sandbox's own host uid is the root supervisor's: run the suite as root"
-    settings.ORS_SANDBOX = request.param
-    monkeypatch.setenv("ORS_SANDBOX", request.param)  # SandboxConfig.from_env, runner nodes, servers
-    return request.param
 
 
 @pytest.fixture

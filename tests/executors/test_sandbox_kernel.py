@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import secrets
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,7 @@ from orsplatform.engine.gateway import EpisodeGateway
 from orsplatform.executors.executor import SessionSpec
 from orsplatform.executors.inline import InlineExecutor
 from orsplatform.ors.app import OrsApp
+from orsplatform.sandbox import gvisor
 from orsplatform.sandbox.config import MiB, SandboxConfig
 from tests.executors.test_hostile_tenants import TeamA, _host_processes, open_session
 from tests.fixtures.ors import sse_result
@@ -159,8 +161,22 @@ async def test_each_worker_has_its_own_cgroup_with_memory_pids_and_cpu_weight_re
         await executor.close()
 
 
+def _sandbox_processes(app: OrsApp, runtime: str, mark: str) -> list:
+    """The stray's processes, as the host sees them (bubblewrap) or as gVisor lists its own (under
+    gVisor they are the Sentry's tasks: every process of the sandbox but the worker, its init)."""
+    if runtime == "bwrap":
+        return _host_processes(f"sleep {mark}")
+    found = []
+    for worker in app.gateway.executor.pool.workers():
+        state, container = gvisor._container_of(worker.proc.pid)
+        listed = subprocess.run([gvisor.runsc_path(), "--root", state, "ps", "--format", "json", container],
+                                capture_output=True, timeout=30)
+        found += [p for p in json.loads(listed.stdout or b"[]") or [] if p["PID"] != 1]
+    return found
+
+
 async def test_a_stray_child_is_gone_after_its_session_ends_even_when_tenant_code_replaced_the_clean_up(
-        live_db, outsider, kernel_env):
+        runtime, live_db, outsider, kernel_env):
     config = dataclasses.replace(SandboxConfig.from_settings(settings, threads=8), idle_seconds=600.0)
     app = OrsApp(gateway=EpisodeGateway(executor=InlineExecutor(threads=8, config=config)))
     transport = httpx.ASGITransport(app=build_application(app))
@@ -169,10 +185,10 @@ async def test_a_stray_child_is_gone_after_its_session_ends_even_when_tenant_cod
             sid = await open_session(client, outsider, KERNEL)
             mark = f"{5000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6):06d}"
             await probe(client, outsider, sid, "stray", mark)
-            await wait_for(lambda: _host_processes(f"sleep {mark}"), timeout=10, what="the child to start")
+            await wait_for(lambda: _sandbox_processes(app, runtime, mark), timeout=10, what="the child to start")
             workers = [w.proc.pid for w in app.gateway.executor.pool.workers()]
             await client.post("/delete", headers=sid_headers(outsider, sid))
-            await wait_for(lambda: not _host_processes(f"sleep {mark}"), timeout=10, what="the stray to end")
+            await wait_for(lambda: not _sandbox_processes(app, runtime, mark), timeout=30, what="the stray to end")
             assert [w.proc.pid for w in app.gateway.executor.pool.workers()] == workers  # the worker lives on
             assert all(w.alive for w in app.gateway.executor.pool.workers())
     finally:

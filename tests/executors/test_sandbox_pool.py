@@ -16,6 +16,9 @@ from orsplatform.sandbox.config import MiB, SandboxConfig
 from tests.executors.hostile import write_hostile
 from tests.ors.support import PROBE_ENV
 
+# Under each runtime (tests/executors/conftest.py): bubblewrap and gVisor.
+pytestmark = pytest.mark.usefixtures("runtime")
+
 
 @pytest.fixture
 def package(tmp_path):

@@ -18,7 +18,8 @@ from tests.catalog.hostile_children import PLANT, DiskWatch, answers_within, lea
 from tests.catalog.support import login, publish
 
 MiB = 1024 * 1024
-BOTH = pytest.mark.parametrize("sandbox", ["bwrap", "none"])
+# Each sandbox runtime, and none (the inspector's own limits hold without one too).
+BOTH = pytest.mark.parametrize("sandbox", ["bwrap", "gvisor", "none"])
 
 # `attack()` runs only when the page renders the prompt: validation calls setup() first, the page never.
 PAGE_ENV = PLANT + '''
