@@ -222,7 +222,7 @@ def launch_entry(bwrap_args: list[str], argv: list[str], *, rlimits: list[tuple[
             "oci": spec, "files": files, "copies": copies}
 
 
-def _container_of(launcher: int) -> tuple[str, str] | None:
+def container_of(launcher: int) -> tuple[str, str] | None:
     """The runsc state folder and container id of the sandbox launch.py `launcher` runs."""
     try:
         names = os.listdir(STATE_ROOT)
@@ -238,7 +238,7 @@ def kill_strays(launcher: int) -> int:
     """SIGKILL every process of the gVisor sandbox `launcher` runs but its init (the worker): what
     ended sessions left. Asked of gVisor from outside, so tenant code cannot opt out. Returns how
     many were killed."""
-    found = _container_of(launcher)
+    found = container_of(launcher)
     if found is None:
         return 0
     state, container = found

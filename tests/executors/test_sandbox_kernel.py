@@ -11,7 +11,6 @@ import errno
 import json
 import os
 import secrets
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -22,9 +21,8 @@ from orsplatform.engine.gateway import EpisodeGateway
 from orsplatform.executors.executor import SessionSpec
 from orsplatform.executors.inline import InlineExecutor
 from orsplatform.ors.app import OrsApp
-from orsplatform.sandbox import gvisor
 from orsplatform.sandbox.config import MiB, SandboxConfig
-from tests.executors.test_hostile_tenants import TeamA, _host_processes, open_session
+from tests.executors.test_hostile_tenants import TeamA, _host_processes, open_session, sandbox_processes
 from tests.fixtures.ors import sse_result
 from tests.ors.support import in_db, sid_headers, wait_for
 
@@ -162,17 +160,10 @@ async def test_each_worker_has_its_own_cgroup_with_memory_pids_and_cpu_weight_re
 
 
 def _sandbox_processes(app: OrsApp, runtime: str, mark: str) -> list:
-    """The stray's processes, as the host sees them (bubblewrap) or as gVisor lists its own (under
-    gVisor they are the Sentry's tasks: every process of the sandbox but the worker, its init)."""
+    """The stray, as the host sees it (bubblewrap) or as gVisor lists its own tasks."""
     if runtime == "bwrap":
         return _host_processes(f"sleep {mark}")
-    found = []
-    for worker in app.gateway.executor.pool.workers():
-        state, container = gvisor._container_of(worker.proc.pid)
-        listed = subprocess.run([gvisor.runsc_path(), "--root", state, "ps", "--format", "json", container],
-                                capture_output=True, timeout=30)
-        found += [p for p in json.loads(listed.stdout or b"[]") or [] if p["PID"] != 1]
-    return found
+    return sandbox_processes(app.gateway.executor.pool.workers())
 
 
 async def test_a_stray_child_is_gone_after_its_session_ends_even_when_tenant_code_replaced_the_clean_up(
