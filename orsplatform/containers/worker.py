@@ -25,7 +25,7 @@ from orsplatform.containers.images import ImageRecord, archive_path, record_path
 from orsplatform.containers.limits import container_limits
 from orsplatform.containers.runtime import RUNTIME_NAME
 from orsplatform.sandbox.config import Limits
-from orsplatform.sandbox.pool import MAX_FRAME, Worker, WorkerGone
+from orsplatform.sandbox.supervised import MAX_FRAME, Worker, WorkerGone
 
 log = logging.getLogger("orsplatform.containers")
 INSIDE = Path(__file__).with_name("inside")
