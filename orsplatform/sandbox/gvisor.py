@@ -44,14 +44,8 @@ STATE_ROOT = os.path.join(tempfile.gettempdir(), "ors-gvisor")
 
 
 def setting(name: str) -> str:
-    """From Django's settings when configured (the gateway), else the environment (runner nodes)."""
-    try:
-        from django.conf import settings
-
-        if settings.configured and hasattr(settings, name):
-            return str(getattr(settings, name))
-    except ImportError:
-        pass
+    """From the environment, as Django's settings read it (this package imports no Django: runner
+    nodes and the launcher use it too)."""
     return os.environ.get(name) or GVISOR_DEFAULTS[name]
 
 

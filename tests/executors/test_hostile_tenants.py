@@ -46,7 +46,7 @@ def canary() -> str:
 
 # The hostile environment's tool timeout. Under gVisor's ptrace platform each system call costs tens
 # of microseconds: the probes that make thousands (a memory scan, 500 forks) get the time they need.
-HOSTILE_TIMEOUT = {"bwrap": 2.0, "gvisor": 8.0}
+HOSTILE_TIMEOUT = {"bwrap": 2.0, "gvisor": 15.0}
 
 
 @pytest.fixture
@@ -72,7 +72,11 @@ async def open_session(client, person, env: str, secret: str | None = None, spec
     r = await client.post(f"/{env}/create", headers={**headers, "X-Session-ID": sid},
                           json={"task_spec": spec or {"id": 0}})
     assert r.status_code == 200, r.text
-    r = await client.get(f"/{env}/prompt", headers=sid_headers(person, sid))
+    # As clients do: "503 starting" (a worker still starting, Retry-After) is asked again.
+    deadline = time.monotonic() + 180
+    while (r := await client.get(f"/{env}/prompt", headers=sid_headers(person, sid))).status_code == 503 \
+            and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)  # polling interval while the worker starts
     assert r.status_code == 200, r.text
     return sid
 
@@ -298,7 +302,7 @@ async def test_a_setsid_child_does_not_outlive_its_session(runtime, live_db, out
 async def test_a_sync_sleep_in_an_async_tool_freezes_only_its_own_worker(runtime, sbx, owner, outsider, hostile,
                                                                          probe_a):
     sid = await open_session(sbx, outsider, HOSTILE)
-    freeze = int(5 * HOSTILE_TIMEOUT[runtime])  # well past the tool's timeout
+    freeze = int(HOSTILE_TIMEOUT[runtime]) + 10  # well past the tool's timeout
     with TeamA(sbx, owner, probe_a) as team_a:
         await wait_for(lambda: team_a.episodes >= 1, timeout=60, what="team A's first episode")
         frozen = asyncio.ensure_future(sbx.post(f"/{HOSTILE}/call", headers=sid_headers(outsider, sid),
@@ -310,7 +314,7 @@ async def test_a_sync_sleep_in_an_async_tool_freezes_only_its_own_worker(runtime
         assert sse_result(r.text)["reason"] == "timeout"
         await team_a.check(at_least=2)
         # Team A's calls while B's worker was frozen took nowhere near the freeze.
-        assert max(team_a.call_seconds[before:before + 4]) < freeze / 2, team_a.call_seconds
+        assert max(team_a.call_seconds[before:before + 4]) < 5, team_a.call_seconds
 
     async def gone():
         r = await sbx.get(f"/{HOSTILE}/prompt", headers=sid_headers(outsider, sid))
