@@ -384,9 +384,6 @@ _add("ORS_CONTAINERS_DIR", "path", _var("containers"), "The platform's own Docke
 _add("ORS_DOCKER_HOST", "str", "", "An operator's Docker engine (with `ors-runsc` registered) instead of "
      "the platform's own.")
 _add("ORS_DOCKER_CLI", "str", "", "The docker CLI (default: Debian's /usr/bin/docker, else the PATH's).")
-_add("ORS_RUNSC", "str", "", "gVisor's runsc (default: the PATH's, else /usr/bin/runsc).")
-_add("ORS_GVISOR_PLATFORM", "choice", "ptrace", "gVisor's platform: `ptrace`, or `kvm` where the host "
-     "has /dev/kvm.", choices=("ptrace", "kvm"))
 _add("ORS_IMAGE_BUILD_ALLOWED_HOSTS", "list", ["registry.npmjs.org"], "HTTPS hosts an image build may "
      "reach besides ORS_BUILD_ALLOWED_HOSTS.")
 _add("ORS_IMAGE_BUILD_HTTP_ORIGINS", "list", ["deb.debian.org:80", "security.debian.org:80"], "Plain-HTTP "

@@ -3,7 +3,7 @@ one place.
 
 The runtime is registered with the engine through its daemon config (``runtimes`` with
 ``runtimeArgs``), so every container of the platform's engine gets the same flags whatever its
-``docker run`` says: ptrace (``ORS_GVISOR_PLATFORM``; kvm where the host has it), no network of any
+``docker run`` says: the platform of ``ORS_GVISOR_PLATFORM`` (sandbox/gvisor.py, shared with the Python sandbox), no network of any
 kind inside the sandbox (the runner speaks to the shim over the container's stdio), and the root
 file system wrapped in an overlay held in the sandbox's memory: the image stays read-only, writes
 (``/workspace``) land in a layer charged to the container's memory limit and thrown away with it.
@@ -16,22 +16,20 @@ from __future__ import annotations
 import os
 import shutil
 
+from orsplatform.sandbox import gvisor
+
 RUNTIME_NAME = "ors-runsc"
 
 
 def runsc_path() -> str | None:
-    return os.environ.get("ORS_RUNSC") or shutil.which("runsc") or (
-        "/usr/bin/runsc" if os.path.exists("/usr/bin/runsc") else None)
+    """gVisor's runsc, as the Python sandbox finds it (ORS_GVISOR_RUNSC): one runtime, one setting."""
+    path = gvisor.runsc_path()
+    return path if shutil.which(path) or os.path.exists(path) else None
 
 
 def runsc_global_flags() -> list[str]:
-    """The flags every runsc invocation gets (the Python sandbox's gVisor mode shares them)."""
-    try:  # the lead's shared module, once on main (issue 37)
-        from orsplatform.sandbox.gvisor import runsc_global_flags as shared
-
-        return list(shared())
-    except ImportError:
-        return [f"--platform={os.environ.get('ORS_GVISOR_PLATFORM') or 'ptrace'}"]
+    """The flags every runsc invocation gets, the Python sandbox's gVisor mode's (ORS_GVISOR_PLATFORM)."""
+    return gvisor.runsc_global_flags()
 
 
 def runtime_args() -> list[str]:
