@@ -176,9 +176,9 @@ def oci_spec(bwrap_args: list[str], argv: list[str], *, uid: int, rlimits: list[
     for mount in mounts:
         if mount["destination"] in read_only and mount["type"] == "tmpfs":
             mount["options"].append("ro")
-    # /dev/shm: gVisor's own (the spec's tmpfs would be unsized); /proc/sys and /proc/pressure are
-    # gVisor's synthetic ones, which write nothing to the host's kernel.
-    mounts = [m for m in mounts if m["destination"] not in ("/dev/shm", "/proc/sys", "/proc/pressure", "/proc/locks")]
+    # /proc/sys and /proc/pressure are gVisor's synthetic ones, which write nothing to the host's
+    # kernel, and its /proc/locks lists its own locks only. (/dev/shm stays: sized, as bubblewrap's.)
+    mounts = [m for m in mounts if m["destination"] not in ("/proc/sys", "/proc/pressure", "/proc/locks")]
     return {
         "ociVersion": "1.0.2",
         "process": {
@@ -228,6 +228,12 @@ def container_of(launcher: int) -> tuple[str, str] | None:
     return None
 
 
+def pids_of(listed: object) -> list[int]:
+    """The pids in `runsc ps --format json`'s answer: this runsc lists bare pids, newer ones objects."""
+    return [p if isinstance(p, int) else p.get("PID") for p in listed or ()
+            if isinstance(p, int) or (isinstance(p, dict) and isinstance(p.get("PID"), int))]
+
+
 def kill_strays(launcher: int) -> int:
     """SIGKILL every process of the gVisor sandbox `launcher` runs but its init (the worker): what
     ended sessions left. Asked of gVisor from outside, so tenant code cannot opt out. Returns how
@@ -243,9 +249,8 @@ def kill_strays(launcher: int) -> int:
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return 0
     killed = 0
-    for proc in procs or ():
-        pid = proc.get("PID") if isinstance(proc, dict) else None
-        if isinstance(pid, int) and pid != 1:
+    for pid in pids_of(procs):
+        if pid != 1:
             done = subprocess.run([*runsc, "kill", "--pid", str(pid), container, "KILL"], capture_output=True,
                                   timeout=30)
             killed += done.returncode == 0
