@@ -104,24 +104,14 @@ def root_links() -> list[tuple[str, str]]:
             if os.path.islink(f"/{top}")]
 
 
-RLIMIT_NAMES = {"RLIMIT_AS": "RLIMIT_AS", "RLIMIT_CPU": "RLIMIT_CPU", "RLIMIT_NPROC": "RLIMIT_NPROC",
-                "RLIMIT_NOFILE": "RLIMIT_NOFILE", "RLIMIT_CORE": "RLIMIT_CORE", "RLIMIT_FSIZE": "RLIMIT_FSIZE"}
 
-
-def oci_spec(bwrap_args: list[str], argv: list[str], *, uid: int, rlimits: list[tuple[str, int]] = (),
-             network: bool = False) -> dict:
-    """The OCI runtime spec for bubblewrap's options `bwrap_args` (the subset bwrap.py writes) and
-    `argv`, run as `uid`. The spec's "links" (symlinks to make in the root: OCI has no symlink
-    mount) and "files" (generated files: [sandbox path, content]) are launch.py's to make;
-    runsc never sees them."""
-    mounts: list[dict] = []
-    links: list[list[str]] = []
-    env: dict[str, str] = {}
-    cwd = "/"
-    hostname = "sandbox"
+def _read_plan(bwrap_args: list[str]) -> dict:
+    """bubblewrap's options (the subset bwrap.py writes) as mounts, links to make in the root,
+    the environment, the folder to start in and the hostname."""
+    plan: dict = {"mounts": [], "links": [], "env": {}, "cwd": "/", "hostname": "sandbox", "read_only": set()}
+    mounts, links = plan["mounts"], plan["links"]
     size: str | None = None
     perms: str | None = None
-    read_only: set[str] = set()
     i = 0
     args = list(bwrap_args)
     while i < len(args):
@@ -135,50 +125,51 @@ def oci_spec(bwrap_args: list[str], argv: list[str], *, uid: int, rlimits: list[
         elif flag == "--symlink":
             links.append([args[i + 1], args[i + 2]])
             i += 3
+        elif flag == "--setenv":
+            plan["env"][args[i + 1]] = args[i + 2]
+            i += 3
         elif flag == "--tmpfs":
-            options = ["nosuid", "nodev", f"mode={perms or '0755'}"]
-            if size:
-                options.append(f"size={size}")
+            options = ["nosuid", "nodev", f"mode={perms or '0755'}", *([f"size={size}"] if size else [])]
             mounts.append({"destination": args[i + 1], "type": "tmpfs", "source": "tmpfs", "options": options})
             size = perms = None
             i += 2
-        elif flag == "--size":
-            size = args[i + 1]
-            i += 2
-        elif flag == "--perms":
-            perms = args[i + 1]
+        elif flag in ("--size", "--perms"):
+            size, perms = (args[i + 1], perms) if flag == "--size" else (size, args[i + 1])
             i += 2
         elif flag == "--proc":
             mounts.append({"destination": args[i + 1], "type": "proc", "source": "proc"})
-            i += 2
-        elif flag == "--dev":
-            i += 2  # gVisor gives every sandbox its own minimal /dev (null, zero, full, random, urandom, tty, shm)
-        elif flag == "--remount-ro":
-            read_only.add(args[i + 1])
-            i += 2
-        elif flag == "--setenv":
-            env[args[i + 1]] = args[i + 2]
-            i += 3
-        elif flag == "--chdir":
-            cwd = args[i + 1]
-            i += 2
-        elif flag == "--hostname":
-            hostname = args[i + 1]
             i += 2
         elif flag == "--dir":
             links.append(["", args[i + 1]])  # a folder: made in the root
             perms = size = None
             i += 2
-        elif flag in ("--cap-add", "--cap-drop", "--userns", "--uid", "--gid"):
+        elif flag in ("--remount-ro", "--chdir", "--hostname"):
+            key = {"--remount-ro": "read_only", "--chdir": "cwd", "--hostname": "hostname"}[flag]
+            if key == "read_only":
+                plan["read_only"].add(args[i + 1])
+            else:
+                plan[key] = args[i + 1]
             i += 2
+        elif flag in ("--dev", "--cap-add", "--cap-drop", "--userns", "--uid", "--gid"):
+            i += 2  # --dev: gVisor gives every sandbox its own minimal /dev
         else:  # --die-with-parent, --new-session, --clearenv, --unshare-*, --share-net, --disable-userns
             i += 1
-    for mount in mounts:
-        if mount["destination"] in read_only and mount["type"] == "tmpfs":
+    return plan
+
+
+def oci_spec(bwrap_args: list[str], argv: list[str], *, uid: int, rlimits: list[tuple[str, int]] = (),
+             network: bool = False) -> dict:
+    """The OCI runtime spec for bubblewrap's options `bwrap_args` and `argv`, run as `uid`. The
+    spec's "links" (symlinks to make in the root: OCI has no symlink mount) are launch.py's to
+    make; runsc never sees them."""
+    plan = _read_plan(bwrap_args)
+    for mount in plan["mounts"]:
+        if mount["destination"] in plan["read_only"] and mount["type"] == "tmpfs":
             mount["options"].append("ro")
     # /proc/sys and /proc/pressure are gVisor's synthetic ones, which write nothing to the host's
     # kernel, and its /proc/locks lists its own locks only. (/dev/shm stays: sized, as bubblewrap's.)
-    mounts = [m for m in mounts if m["destination"] not in ("/proc/sys", "/proc/pressure", "/proc/locks")]
+    mounts = [m for m in plan["mounts"] if m["destination"] not in ("/proc/sys", "/proc/pressure", "/proc/locks")]
+    env, cwd, hostname, links = plan["env"], plan["cwd"], plan["hostname"], plan["links"]
     return {
         "ociVersion": "1.0.2",
         "process": {
