@@ -24,11 +24,13 @@ BUILD_SECONDS = 900  # a fresh machine debootstraps the base and installs openen
 
 
 def _version(slug: str, number: int = 1) -> EnvironmentVersion:
-    return EnvironmentVersion.objects.get(environment__slug=slug, number=number)
+    # The team too: another test's committed environment may share the slug under another team.
+    return EnvironmentVersion.objects.get(environment__team__slug="acme", environment__slug=slug, number=number)
 
 
 def _wait_built(slug: str) -> EnvironmentVersion:
-    wait_for(lambda: EnvironmentVersion.objects.filter(environment__slug=slug).exclude(
+    wait_for(lambda: EnvironmentVersion.objects.filter(
+        environment__team__slug="acme", environment__slug=slug).exclude(
         status=EnvironmentVersion.Status.BUILDING).exists(), timeout=BUILD_SECONDS, what="the build")
     return _version(slug)
 

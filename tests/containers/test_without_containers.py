@@ -20,7 +20,7 @@ def test_without_an_engine_a_container_version_fails_saying_why_and_python_ones_
     with pytest.raises(CommandError, match="cannot build or run container environments"):
         call_command("publish_env", str(write_folder(tmp_path / "ledger", package_files("ledger_env"))),
                      team="acme", slug="ledger")
-    version = EnvironmentVersion.objects.get(environment__slug="ledger", number=1)
+    version = EnvironmentVersion.objects.get(environment__team__slug="acme", environment__slug="ledger", number=1)
     assert version.status == EnvironmentVersion.Status.FAILED
     assert version.error.startswith("containers: This platform cannot build or run container environments: "
                                     "The Docker engine at ORS_DOCKER_HOST does not answer."), version.error
@@ -29,5 +29,5 @@ def test_without_an_engine_a_container_version_fails_saying_why_and_python_ones_
 
     call_command("publish_env", str(write_folder(tmp_path / "adder", {"env.py": ADDER_ORS})), team="acme",
                  slug="adder")
-    adder = EnvironmentVersion.objects.get(environment__slug="adder", number=1)
+    adder = EnvironmentVersion.objects.get(environment__team__slug="acme", environment__slug="adder", number=1)
     assert adder.status == EnvironmentVersion.Status.READY, adder.error

@@ -161,7 +161,10 @@ class HealthProbe:
         assert len(self.answers) >= at_least, self.answers
         assert all(status == 200 for status, _ in self.answers), self.answers
         latencies = sorted(elapsed for _, elapsed in self.answers)
-        p95 = latencies[min(len(latencies) - 1, math.ceil(0.95 * len(latencies)) - 1)]
+        # The answers past the 95th percentile, and at least one: of fewer than 20 answers the
+        # nearest-rank p95 is the worst, so one hiccup would be judged by the p95 rule too.
+        outliers = max(1, len(latencies) - math.ceil(0.95 * len(latencies)))
+        p95 = latencies[max(0, len(latencies) - 1 - outliers)]
         summary = f"/health p95 {p95 * 1000:.1f} ms, worst {latencies[-1] * 1000:.1f} ms of {len(latencies)}"
         assert p95 < p95_under, summary
         assert latencies[-1] < worst_under, summary
