@@ -63,17 +63,14 @@ run: sandbox-deps containers-deps publish devkey
 	trap 'kill $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
 	$(SERVER_CMD)
 
-# The whole suite. TEST_WORKERS=N runs it in N processes (pytest-xdist; each has its own database,
-# Redis prefix, ports and var/: tests/fixtures/workers.py): most of a test's time is spent waiting
-# on servers, sandboxes and builds, so more workers than cores pay off, and `worksteal` hands the
-# long tests' files around as workers fall idle. 0 (the default until a whole run under workers has
-# passed on this machine: docs/testing.md) runs it in one process. Bytecode is written (a shell may
-# set PYTHONDONTWRITEBYTECODE): each process would otherwise recompile and assertion-rewrite every
-# test module.
-TEST_WORKERS ?= 0
-PYTEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
+# The whole suite, in TEST_WORKERS pytest-xdist processes (each has its own database, Redis prefix,
+# ports and var/: tests/fixtures/workers.py); most of a test's time is spent waiting on servers,
+# sandboxes and builds, so more workers than cores pay off, and `worksteal` hands the long tests'
+# files around as workers fall idle. The first pass's failures run again alone (bin/test-suite says
+# why); TEST_WORKERS=0 runs the suite in one process, once. docs/testing.md has the figures.
+TEST_WORKERS ?= 4
 test: install sandbox-deps browser-deps proxy-deps containers-deps
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest $(PYTEST_XDIST)
+	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) bin/test-suite
 
 # The tests that touch what changed since this branch left main (commits, edits, new files), chosen
 # from the import graph and the apps' test folders (tools/test_changed.py; `--list` says why).

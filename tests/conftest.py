@@ -30,6 +30,7 @@ pytest_plugins = [
     "tests.fixtures.server_database",
     "tests.fixtures.tiers",
     "tests.fixtures.runtimes",
+    "tests.fixtures.cpu",
 ]
 
 # tests/stack runs against docker/compose.yml on real containers: `make stack-test` (bin/stack-test)

@@ -16,8 +16,9 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 
-def per_file(path: str) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
-    """File -> seconds, tests, failures+errors."""
+def per_file(path: str) -> tuple[dict[str, float], dict[str, int], dict[str, int], dict[str, float]]:
+    """File -> seconds, tests, failures+errors, CPU seconds (tests/fixtures/cpu.py's property)."""
+    cpu: dict[str, float] = defaultdict(float)
     seconds: dict[str, float] = defaultdict(float)
     tests: dict[str, int] = defaultdict(int)
     failed: dict[str, int] = defaultdict(int)
@@ -30,10 +31,13 @@ def per_file(path: str) -> tuple[dict[str, float], dict[str, int], dict[str, int
         cut = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
         file = "/".join(parts[: cut + 1]) + ".py"
         seconds[file] += float(case.get("time", 0))
+        for prop in case.iter("property"):
+            if prop.get("name") == "cpu_seconds":
+                cpu[file] += float(prop.get("value", 0))
         tests[file] += 1
         if case.find("failure") is not None or case.find("error") is not None:
             failed[file] += 1
-    return seconds, tests, failed
+    return seconds, tests, failed, cpu
 
 
 def main(argv: list[str]) -> int:
@@ -42,9 +46,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args(argv)
     runs = [per_file(path) for path in args.xml]
-    seconds, tests, failed = runs[-1]
+    seconds, tests, failed, cpu = runs[-1]
     print(f"{sum(tests.values())} tests in {len(tests)} files, {sum(seconds.values()):.0f} s of test time, "
-          f"{sum(failed.values())} failed")
+          f"{sum(cpu.values()):.0f} s of CPU, {sum(failed.values())} failed")
     folders: dict[str, float] = defaultdict(float)
     for file, s in seconds.items():
         folders[file.rsplit("/", 1)[0]] += s
@@ -52,8 +56,11 @@ def main(argv: list[str]) -> int:
     for folder, s in sorted(folders.items(), key=lambda kv: -kv[1]):
         print(f"| `{folder}/` | {s:.0f} |")
     if len(runs) == 1:
-        print(f"\n| File (the {args.top} slowest) | Tests | Test time (s) |\n|---|---:|---:|")
+        print(f"\n| File (the {args.top} slowest) | Tests | Test time (s) | CPU (s) |\n|---|---:|---:|---:|")
         for file, s in sorted(seconds.items(), key=lambda kv: -kv[1])[: args.top]:
+            print(f"| `{file}` | {tests[file]} | {s:.0f} | {cpu.get(file, 0):.0f} |")
+        print(f"\n| File (the {args.top} costliest in CPU) | Tests | CPU (s) |\n|---|---:|---:|")
+        for file, s in sorted(cpu.items(), key=lambda kv: -kv[1])[: args.top]:
             print(f"| `{file}` | {tests[file]} | {s:.0f} |")
         return 0
     before = runs[0][0]

@@ -348,8 +348,9 @@ async def test_a_tool_that_runs_past_the_timeout_ends_with_reason_timeout(client
     sid = await start_episode(client, owner.headers, env=env, task_spec={})
     loop = asyncio.get_running_loop()
     started = loop.time()
-    r = await call(client, owner, sid, "nap", {"seconds": 5}, env=env)
-    assert loop.time() - started < 3
+    # Far shorter than the nap, whatever a loaded machine adds to the worker's start.
+    r = await call(client, owner, sid, "nap", {"seconds": 60}, env=env)
+    assert loop.time() - started < 20
     events = parse_sse(r.text)
     assert [e for e, _ in events if e != ":"] == ["task_id", "end"]
     result = json.loads(events[-1][1])
@@ -419,9 +420,9 @@ async def test_a_result_that_cannot_be_encoded_still_ends_the_stream(client, own
     settings.ORS_SSE_PING_SECONDS = 0.2
     sid = await start_episode(client, owner.headers, env=probe, task_spec={})
     try:
-        r = await asyncio.wait_for(call(client, owner, sid, "mangled", env=probe), timeout=3)
+        r = await asyncio.wait_for(call(client, owner, sid, "mangled", env=probe), timeout=20)
     except TimeoutError:
-        pytest.fail("the call's stream never ended: only pings for 3 s after the tool returned")
+        pytest.fail("the call's stream never ended: only pings for 20 s after the tool returned")
     events = [(e, d) for e, d in parse_sse(r.text) if e != ":"]
     assert events[0][0] == "task_id"
     assert events[-1][0] in ("error", "end")
