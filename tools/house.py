@@ -31,7 +31,6 @@ FUNCTION_LINES = 80
 # purpose. Keys: a module's path, or "path::function" (a method: "path::Class.method").
 ALLOWED: dict[str, str] = {
     "orsplatform/sandbox/worker.py": "the sandbox stream splits it (gVisor work)",
-    "orsplatform/engine/gateway.py": "the engine stream splits it",
     "orsplatform/analytics/selectors.py::environment_report": "the analytics stream splits it",
     "orsplatform/catalog/pyenvs.py::_run": "the catalog stream splits it",
     "orsplatform/catalog/services.py::environment_publish": "the catalog stream splits it",
