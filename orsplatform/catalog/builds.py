@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 
 from django.conf import settings
@@ -26,6 +25,7 @@ from orsplatform.catalog.publishing import (
     _store_package,
     _version_fill,
     _version_row,
+    inspect_workdir,
     package_task_files,
 )
 from orsplatform.celery import task
@@ -91,8 +91,7 @@ def version_build(*, version_id: int) -> EnvironmentVersion:
             return _container_build(version, stored, log)
         built = pyenvs.ensure(version.requirements, log)
         task_files = package_task_files(stored)
-        with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
-            work = Path(tmp)
+        with inspect_workdir() as work:
             log.write("[platform] inspecting the package in its environment")
             report = _inspect_copy(stored, version.manifest, task_files, work, runtime=str(built.path),
                                    data_hash=version.data_hash or None)
@@ -138,8 +137,7 @@ def _container_build(version: EnvironmentVersion, stored: Path, log: pyenvs.Buil
     sample = next((t for t in (_first_task(p, f) for p, f in task_files.values()) if t is not None), None)
     report, default_tasks = container_services.image_inspect(package_dir=stored, record=record, sample=sample,
                                                              task_names=sorted(task_files), log=log.write)
-    with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
-        work = Path(tmp)
+    with inspect_workdir() as work:
         if default_tasks is not None:
             (work / "tasks").mkdir()
             (work / "tasks" / "0.jsonl").write_text("".join(json.dumps(t) + "\n" for t in default_tasks))

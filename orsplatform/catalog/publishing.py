@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
 import re
 import shutil
 import tempfile
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +34,11 @@ from orsplatform.verify.services import verification_plan
 STAGING_PREFIX = ".staging-"
 IGNORED_NAMES = {"__pycache__", ".git", ".DS_Store"}
 MAX_OPENENV_BYTES = 1024 * 1024  # an OpenEnv declaration (its JSON schemas) kept with the version
+# Inspection's throwaway folders, in tempfile's folder. Each is held (flock) by its process while in
+# use and marked once held, so that a sweep run by another server process (at its start, or the
+# scheduled one: services.inspect_dirs_remove_abandoned) takes only those whose process is gone.
+INSPECT_PREFIX = "orsinspect-"
+INSPECT_HELD = ".held"
 
 
 DELETED_ERROR = "The environment was deleted while this version was being built; nothing was published."
@@ -301,6 +310,22 @@ def _ingest_into(environment: Environment, name: str, type: str, path: Path, fmt
         lines = "\n".join(f"line {e['line']}: {e['error']}" if e["line"] else e["error"] for e in exc.errors)
         raise PublishError(f"{where}: {exc}", check="tasks", traceback=lines) from exc
 
+
+
+@contextlib.contextmanager
+def inspect_workdir() -> Iterator[Path]:
+    """A throwaway folder for one inspection, removed after (or by the sweep, if this process is
+    killed). The lock goes with this process whatever way it ends; the mark is made only once the
+    lock is held, so the sweep never takes a folder between its making and its locking."""
+    tmp = tempfile.mkdtemp(prefix=INSPECT_PREFIX)
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)  # not inherited: no child keeps the lock
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        Path(tmp, INSPECT_HELD).touch()
+        yield Path(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # before the lock goes: a sweep never races this
+        os.close(fd)
 
 
 def _inspect_copy(package_dir: Path, manifest: dict, task_files: dict, work: Path,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -29,6 +30,8 @@ from orsplatform.catalog.ingest import IngestError, UploadTooLarge
 from orsplatform.catalog.models import Environment, EnvironmentVersion, IngestJob, Split
 from orsplatform.catalog.publishing import (  # noqa: F401 - re-exported: callers import them from here
     DELETED_ERROR,
+    INSPECT_HELD,
+    INSPECT_PREFIX,
     MAX_MESSAGE_CHARS,
     STAGING_PREFIX,
     PublishError,
@@ -39,6 +42,7 @@ from orsplatform.catalog.publishing import (  # noqa: F401 - re-exported: caller
     _store_package,
     _version_fill,
     _version_row,
+    inspect_workdir,
     manifest_validate,
     package_hash,
     package_task_files,
@@ -125,8 +129,7 @@ def environment_publish(
                                     content_hash=content_hash, source_dir=source_dir, requirements=requirements,
                                     notes=notes, author=author, wait=wait, data_hash=data_hash)
 
-    with tempfile.TemporaryDirectory(prefix="orsinspect-") as tmp:
-        work = Path(tmp)
+    with inspect_workdir() as work:
         report = _inspect_copy(source_dir, manifest, task_files, work, data_hash=data_hash)
         fresh = not (settings.ORS_PACKAGE_DIR / content_hash).exists()
         stored = _store_package(source_dir, content_hash, data_hash)
@@ -412,10 +415,12 @@ class CleanupReport:
     uploads_removed: int
     ingest_jobs_failed: int
     builds_failed: int
+    inspect_dirs_removed: int = 0
 
     def more(self, limit: int) -> bool:
         """A batch came back full: more may be waiting."""
-        return max(self.uploads_removed, self.ingest_jobs_failed, self.builds_failed) >= limit
+        return max(self.uploads_removed, self.ingest_jobs_failed, self.builds_failed,
+                   self.inspect_dirs_removed) >= limit
 
 
 def _aged_entries(root: Path, cutoff: float, prefix: str = "") -> Iterator[Path]:
@@ -454,6 +459,50 @@ def uploads_remove_stale(*, older_than_seconds: float, limit: int) -> int:
     return removed
 
 
+def _inspect_dir_abandoned(path: Path, older_than_seconds: float) -> int | None:
+    """An open, locked descriptor of an inspection folder whose process is gone (publishing.
+    inspect_workdir), else None. One without the mark (an older release's, or one not yet
+    locked by its process) counts as gone only when older than ``older_than_seconds``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a live process: BlockingIOError
+        if not (path / INSPECT_HELD).exists() and os.fstat(fd).st_mtime > time.time() - older_than_seconds:
+            raise BlockingIOError
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+# An unmarked inspection folder is never taken younger than this, whatever the settings: its process
+# may be between making and locking it.
+UNMARKED_MIN_AGE_SECONDS = 60.0
+
+
+def inspect_dirs_remove_abandoned(*, unmarked_older_than_seconds: float, limit: int) -> int:
+    """Remove the inspection folders (tempfile's folder, orsinspect-*) of publishes whose process
+    was killed. Exact whatever else runs on this host: a live publish holds its folder's lock, so
+    one server process may sweep at its start while others publish."""
+    root = Path(tempfile.gettempdir())
+    unmarked_age = max(unmarked_older_than_seconds, UNMARKED_MIN_AGE_SECONDS)
+    removed = 0
+    for path in _aged_entries(root, time.time(), INSPECT_PREFIX):
+        if removed >= limit:
+            break
+        fd = _inspect_dir_abandoned(path, unmarked_age)
+        if fd is None:
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)  # under the lock: no process can take it meanwhile
+        finally:
+            os.close(fd)
+        removed += 1
+    return removed
+
+
 def ingest_jobs_fail_abandoned(*, started_before, limit: int) -> int:
     """Fail `running` ingest jobs whose process died, and remove their staged files. On PostgreSQL
     a job is abandoned when its liveness lock is free (exact, whatever ``started_before``); on SQLite
@@ -487,7 +536,7 @@ def ingest_jobs_fail_abandoned(*, started_before, limit: int) -> int:
 
 def staging_cleanup(*, at_startup: bool = False) -> CleanupReport:
     """One bounded pass over what killed processes leave: staged uploads, `running` ingest jobs,
-    `building` versions. ``at_startup``: before the server serves; on the embedded default (the
+    `building` versions, inspection folders (those by their locks, at any time). ``at_startup``: before the server serves; on the embedded default (the
     filesystem broker, whose only worker `make run` starts after this pass) nothing can be in flight
     then, so everything staged and every running job or build is abandoned. With a broker, workers
     elsewhere may be busy, so start-up sweeps like the scheduled task does."""
@@ -499,5 +548,8 @@ def staging_cleanup(*, at_startup: bool = False) -> CleanupReport:
     uploads = uploads_remove_stale(older_than_seconds=age, limit=limit)
     build_age = 0.0 if embedded else settings.ORS_BUILD_TIMEOUT_SECONDS + 60
     builds = versions_fail_stalled_builds(older_than_seconds=build_age, limit=limit)
-    return CleanupReport(uploads_removed=uploads, ingest_jobs_failed=jobs, builds_failed=builds)
+    inspections = inspect_dirs_remove_abandoned(unmarked_older_than_seconds=settings.ORS_STAGED_MAX_AGE_SECONDS,
+                                                limit=limit)
+    return CleanupReport(uploads_removed=uploads, ingest_jobs_failed=jobs, builds_failed=builds,
+                         inspect_dirs_removed=inspections)
 

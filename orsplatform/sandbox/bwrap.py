@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 from orsplatform.sandbox import binding, gvisor, mount_parents, seccomp, users
@@ -40,6 +41,9 @@ RUNTIME_SUFFIX = ".pyenv"
 # ``<package>.data`` beside the stored package, catalog/data.py), else the package's own data/.
 SANDBOX_DATA = "/orwd_data"
 DATA_SUFFIX = ".data"
+# Where launch.py mounts, in a mount namespace of its own, the overlays it rebinds host folders from
+# (a tmpfs there; the host's folder stays empty): see launch._stage.
+STAGE_ROOT = os.path.join(tempfile.gettempdir(), "ors-stage")
 
 
 def runtime_of(package_dir: str) -> str | None:
@@ -291,6 +295,8 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         # Never the host's root: an unused host uid of the sandbox's own (users.py).
         "user": users.launch_spec(owned, host_uid=host_uid),
         "argv": users.switch_argv(argv),
+        # Mounting overlays takes the host's root; gVisor shows no mount's source anyway.
+        "stage": STAGE_ROOT if users.dropping() else None,
     }
     if config.mode == "gvisor":
         # The same plan under gVisor's kernel (gvisor.py): no bubblewrap; the syscall filter is
@@ -298,7 +304,7 @@ def sandboxed(config: SandboxConfig, limits: Limits, binds: list[str], argv: lis
         spec["gvisor"] = gvisor.launch_entry(args[1:], argv, rlimits=spec.pop("rlimits"), network=limits.network,
                                              files=files, copies=spec.pop("copies"), host_sockets=host_sockets,
                                              locks=locks)
-        del spec["bwrap"], spec["argv"], spec["seccomp"], spec["files"]
+        del spec["bwrap"], spec["argv"], spec["seccomp"], spec["files"], spec["stage"]
     return [sys.executable, "-I", "-S", str(LAUNCH_SCRIPT), json.dumps(spec)]
 
 

@@ -8,12 +8,15 @@ the build sandbox). In this order, before anything of the tenant exists:
 3. when run as root, makes the sandbox's user namespace: the sandbox's user is an unused host uid
    of its own, never the host's root (users.py), and gives it the folders it may write;
 4. sets the rlimits;
-5. hands bubblewrap its options, the syscall filter and generated files through memfds
+5. when root, rebinds the host folders and files bubblewrap binds at other names from read-only
+   overlays mounted in a mount namespace of its own, so /proc/self/mountinfo inside names none of
+   their host paths (``_stage``);
+6. hands bubblewrap its options, the syscall filter and generated files through memfds
    (``--args FD``, ``--seccomp FD``, ``--ro-bind-data FD``), so /proc/1/cmdline inside the sandbox
    names no host path, and the files to copy into the sandbox as open descriptors (``--file FD``);
-6. closes every other descriptor it inherited (an event loop such as uvloop passes inheritable
+7. closes every other descriptor it inherited (an event loop such as uvloop passes inheritable
    descriptors on even with close_fds=True; a listening socket must never reach tenant code);
-7. execs bubblewrap.
+8. execs bubblewrap.
 
 Standard library only, and nothing imported that -S leaves out: it starts once per worker.
 """
@@ -30,6 +33,8 @@ import sys
 PR_SET_PDEATHSIG = 1
 SIGKILL = 9
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x1, 0x2, 0x4, 0x4000, 0x40000
 
 
 def _user_namespace(user: dict) -> int:
@@ -95,6 +100,78 @@ def _own(top: str, uid: int) -> None:
     for dirpath, dirnames, filenames in os.walk(top):
         for name in [*dirnames, *filenames]:
             give(os.path.join(dirpath, name))
+
+
+def _mount(libc, source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    import ctypes
+
+    if libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                  data.encode() if data is not None else None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), target)
+
+
+def _stage_sources(args: list[str]) -> dict[int, tuple[str, str]]:
+    """The read-only binds to stage: option index -> (host folder to overlay, name in it, or "" for
+    the folder itself). Binds at the same path inside (/usr, /etc/...) name nothing of the host's
+    layout; a device (/dev/null over /proc/locks) is no folder's."""
+    found: dict[int, tuple[str, str]] = {}
+    i = 0
+    while i < len(args):
+        if args[i] == "--ro-bind" and i + 2 < len(args) and args[i + 1] != args[i + 2]:
+            real = os.path.realpath(args[i + 1])
+            if os.path.isdir(real):
+                found[i + 1] = (real, "")
+            elif os.path.isfile(real):
+                found[i + 1] = (os.path.dirname(real), os.path.basename(real))
+        i += 1
+    return found
+
+
+def _stage(args: list[str], root: str) -> list[str]:
+    """`args` with each staged bind's source replaced by a read-only overlay of it. A bind shows its
+    source's path on its filesystem (/work/.../.venv/lib) in the sandbox's /proc/self/mountinfo,
+    whatever name it is first rebound at; an overlay is a filesystem of its own, shown as "/" with
+    its layers named as this process's descriptors (/proc/self/fd/N). The overlays live in a mount
+    namespace of this process's own (bubblewrap's is made from it) under `root`, a tmpfs there,
+    and go with the sandbox. Without it (no overlayfs, not root) a source is bound as it is."""
+    import ctypes
+
+    found = _stage_sources(args)
+    if not found:
+        return args
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        if libc.unshare(CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare")
+        _mount(libc, "none", "/", None, MS_REC | MS_PRIVATE)  # nothing of this reaches the host's
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        _mount(libc, "tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700,size=64k")
+        os.mkdir(os.path.join(root, "e"))
+        # overlayfs wants two layers when it has no upper one: an empty folder under the source.
+        empty = os.open(os.path.join(root, "e"), os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        return args
+    out = list(args)
+    staged: dict[str, str] = {}
+    for index, (folder, name) in found.items():
+        if folder not in staged:
+            target = os.path.join(root, str(len(staged)))
+            try:
+                fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+                try:
+                    os.mkdir(target)
+                    _mount(libc, "overlay", target, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                           f"lowerdir=/proc/self/fd/{fd}:/proc/self/fd/{empty}")
+                finally:
+                    os.close(fd)
+            except OSError:
+                target = ""
+            staged[folder] = target
+        if staged[folder]:
+            out[index] = os.path.join(staged[folder], name) if name else staged[folder]
+    os.close(empty)
+    return out
 
 
 def _die_with_parent(parent: int) -> None:
@@ -248,6 +325,9 @@ def main() -> None:
             os._exit(126)
         keep.add(fd)
         options += ["--userns", str(fd)]
+    bwrap_args = spec["bwrap"][1:]
+    if spec.get("stage"):
+        bwrap_args = _stage(bwrap_args, spec["stage"])
     if spec.get("seccomp"):
         fd = _memfd("seccomp", base64.b64decode(spec["seccomp"]))
         keep.add(fd)
@@ -268,7 +348,7 @@ def main() -> None:
             os._exit(126)
         keep.add(fd)
         options += ["--perms", "0555" if os.fstat(fd).st_mode & 0o111 else "0444", "--file", str(fd), dest]
-    args = _memfd("args", b"".join(a.encode() + b"\0" for a in [*options, *spec["bwrap"][1:]]))
+    args = _memfd("args", b"".join(a.encode() + b"\0" for a in [*options, *bwrap_args]))
     keep.add(args)
     for fd in keep - {0, 1, 2}:
         os.set_inheritable(fd, True)

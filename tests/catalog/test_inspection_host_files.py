@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import signal
+import sys
 import tempfile
 import time
 
@@ -274,8 +275,14 @@ os._exit(3)
 
 
 def test_the_child_sees_its_package_at_a_neutral_path_and_no_work_folder(owner, settings, tmp_path, host_tmp):
-    look = """
-seen = {"ors": sorted(os.listdir("/ors")), "cwd": os.getcwd(), "argv": sys.argv, "home": os.listdir(os.environ["HOME"])}
+    # Which host folders the mount tables name, by their index in `host` (the platform masks its own
+    # paths in what it shows an author, so the tables themselves would not come back as they are).
+    host = [str(tmp_path), str(settings.ORS_PACKAGE_DIR), str(settings.BASE_DIR), tempfile.gettempdir(),
+            os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)]
+    look = f"""
+tables = "".join(open(f"/proc/{{p}}").read() for p in ("self/mountinfo", "self/mounts", "1/mountinfo"))
+seen = {{"ors": sorted(os.listdir("/ors")), "cwd": os.getcwd(), "argv": sys.argv, "home": os.listdir(os.environ["HOME"]),
+        "named": [n for n, folder in enumerate({host!r}) if folder in tables]}}
 raise RuntimeError("seen " + json.dumps(seen))
 """
     body = failed(publish(owner, "hostile", "look.py", env_with(look, imports="import json, os, sys")))
@@ -285,5 +292,6 @@ raise RuntimeError("seen " + json.dumps(seen))
     assert set(seen["ors"]) <= {"env", "lib", "python", "venv"} and "env" in seen["ors"], seen
     assert seen["cwd"] == "/ors/env", seen
     assert seen["home"] == []  # a private, empty /tmp
-    for host_path in (str(tmp_path), str(settings.ORS_PACKAGE_DIR), str(settings.BASE_DIR), tempfile.gettempdir()):
+    for host_path in host:
         assert host_path not in body["detail"]
+    assert [host[n] for n in seen["named"]] == [], seen

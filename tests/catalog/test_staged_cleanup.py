@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import tempfile
 import threading
 
 import httpx
@@ -15,7 +16,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from django.db import connection
 
-from orsplatform.catalog import services, tasks
+from orsplatform.catalog import publishing, services, tasks
 from orsplatform.catalog.models import EnvironmentVersion, IngestJob, Split, Task
 from orsplatform.celery import task
 from tests.catalog.conftest import leftover_uploads
@@ -34,12 +35,22 @@ def quiz(owner):
 
 
 @pytest.fixture
-def server(tmp_path, settings, build_dirs):
+def server_tmp(tmp_path, monkeypatch):
+    """The server's temporary folder (its inspection folders), this test's alone: the sweep run
+    here never meets another run's."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
+@pytest.fixture
+def server(tmp_path, settings, build_dirs, server_tmp):
     # The embedded default, as `make run` runs it: the filesystem broker (so the start-up command
     # knows that nothing of the killed server's can still be in flight).
     settings.CELERY_BROKER_URL = "filesystem://localhost/"
     proc = start_server(tmp_path, ORS_UPLOAD_DIR=str(settings.ORS_UPLOAD_DIR), CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
-                        ORS_BROKER_DIR=str(tmp_path / "broker"), **build_dirs)
+                        ORS_BROKER_DIR=str(tmp_path / "broker"), TMPDIR=str(server_tmp), **build_dirs)
     yield proc
     proc.stop()
 
@@ -116,22 +127,38 @@ def test_an_ingest_killed_with_its_server_is_failed_by_the_startup_command(serve
     check_cleaned(job, quiz, settings)
 
 
-def test_a_publish_killed_mid_validation_leaves_nothing_after_the_startup_command(server, owner, settings):
+def inspect_dirs(root) -> list:
+    return sorted(p.name for p in root.glob(f"{publishing.INSPECT_PREFIX}*"))
+
+
+def test_a_publish_killed_mid_validation_leaves_nothing_after_the_startup_command(server, owner, settings,
+                                                                                server_tmp):
     # Validation of this package takes a minute (its import sleeps): the server is killed meanwhile.
     package = zip_bytes({"env.py": env_with("time.sleep(60)", imports="import time")})
     sender = post_in_background(f"{server.url}/api/v1/environments/acme/slow/versions", owner.headers,
                                 {"package": ("slow.zip", package)})
     upload_dir = settings.ORS_UPLOAD_DIR
     assert wait_until(lambda: any(p.name.startswith("orspkg-") for p in upload_dir.glob("*"))
-                      and any(p.is_file() for p in upload_dir.glob("*")), timeout=KILL_TIMEOUT)
+                      and any(p.is_file() for p in upload_dir.glob("*"))
+                      and any((server_tmp / name / "pkg").is_dir() for name in inspect_dirs(server_tmp)),
+                      timeout=KILL_TIMEOUT)
     kill_9(server)
     sender.join(timeout=KILL_TIMEOUT)
     left = leftover_uploads(settings)
     assert len(left) == 2  # the staged upload and the package unpacked from it
+    [killed] = inspect_dirs(server_tmp)  # the copy being inspected
+    # Another server process's publish, live meanwhile (its folder held), and a folder too young to
+    # judge without a mark (its process may not have locked it yet): both kept.
+    young = server_tmp / f"{publishing.INSPECT_PREFIX}young"
+    young.mkdir()
     out = io.StringIO()
-    call_command("cleanup_staged", "--startup", stdout=out)
+    with publishing.inspect_workdir() as live:
+        call_command("cleanup_staged", "--startup", stdout=out)
+        assert live.is_dir()
     assert "2 staged uploads removed" in out.getvalue()
+    assert "1 inspection folders of killed publishes removed" in out.getvalue()
     assert leftover_uploads(settings) == []
+    assert killed not in inspect_dirs(server_tmp) and inspect_dirs(server_tmp) == [young.name]
 
 
 def test_the_scheduled_task_keeps_fresh_uploads_and_the_files_of_queued_jobs(owner, quiz, settings, monkeypatch):

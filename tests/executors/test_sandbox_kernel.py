@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import secrets
+import sys
 from pathlib import Path
 
 import httpx
@@ -37,6 +38,23 @@ async def probe(client, person, sid: str, what: str, arg: str = "", n: int = 0, 
     result = sse_result(r.text)
     assert "output" in result, result
     return json.loads(result["output"]["blocks"][0]["text"])
+
+
+def host_folders() -> list[str]:
+    """Host folders whose names tenant code must not learn: the checkout, the virtualenv, the
+    interpreter's prefix, the package store and the built environments."""
+    folders = {settings.BASE_DIR, sys.prefix, sys.base_prefix, settings.ORS_PACKAGE_DIR, settings.ORS_PYENV_DIR}
+    return sorted({os.path.realpath(f) for f in folders} - {"/", "/usr"})
+
+
+async def assert_mount_tables_name_no_host_folder(client, person, sid: str, env: str = KERNEL) -> None:
+    """Not as mount points nor as a mount's source (mountinfo's root field: a bind names its
+    source's path on its filesystem), under either runtime."""
+    for path in ("/proc/self/mountinfo", "/proc/self/mounts", "/proc/1/mountinfo"):
+        got = await probe(client, person, sid, "read", path, env=env)
+        assert got["ok"] is True, (path, got)
+        leaked = [f for f in host_folders() if f in got["value"]]
+        assert not leaked, (path, leaked, got["value"])
 
 
 def workers_of(app: OrsApp, label: str) -> list:
@@ -267,6 +285,7 @@ async def test_the_sandbox_shows_no_host_path_in_its_command_lines_environments_
     assert not [m for m in mount_points if any(m.startswith(h) for h in host_paths)], mount_points
     # A small package is copied in, not bound: not even a mount's source names the package store.
     assert str(Path(kernel_env).resolve()) not in mountinfo["value"]
+    await assert_mount_tables_name_no_host_folder(sbx, outsider, sid)
     assert "/ors/env" not in mount_points
     listed = await probe(sbx, outsider, sid, "read", "/ors/env/manifest.toml")
     assert listed["ok"] is True and 'entrypoint = "env:Kernel"' in listed["value"]

@@ -12,7 +12,12 @@ import os
 from orsplatform.sandbox import users
 from tests.executors.kernel_env import write_kernel_env
 from tests.executors.test_hostile_tenants import open_session
-from tests.executors.test_sandbox_kernel import KERNEL, probe, workers_of
+from tests.executors.test_sandbox_kernel import (
+    KERNEL,
+    assert_mount_tables_name_no_host_folder,
+    probe,
+    workers_of,
+)
 from tests.ors.support import in_db
 
 KERNEL_FILES = "/proc,/sys"  # every kernel file of /proc (not the processes' own) and /sys
@@ -127,3 +132,4 @@ async def test_a_package_of_private_files_too_large_to_copy_is_still_read_by_the
     assert seen == {"ok": True, "value": "7"}, seen
     mounts = await probe(sbx, outsider, sid, "read", "/proc/self/mountinfo", env="globex/bigkernel")
     assert "/ors/env" in [line.split()[4] for line in mounts["value"].splitlines()]  # bound, not copied
+    await assert_mount_tables_name_no_host_folder(sbx, outsider, sid, env="globex/bigkernel")

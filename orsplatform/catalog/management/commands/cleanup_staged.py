@@ -15,20 +15,23 @@ from orsplatform.catalog.services import staging_cleanup
 
 
 class Command(BaseCommand):
-    help = "Remove stale staged uploads; fail ingest jobs and builds whose process died."
+    help = ("Remove stale staged uploads and the inspection folders of killed publishes; fail ingest jobs "
+            "and builds whose process died.")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--startup", action="store_true",
                             help="Run before the server starts (embedded default: nothing is in flight).")
 
     def handle(self, *args, startup: bool = False, **options) -> None:
-        total = {"uploads": 0, "jobs": 0, "builds": 0}
+        total = {"uploads": 0, "jobs": 0, "builds": 0, "inspections": 0}
         while True:  # bounded batches until one comes back short
             report = staging_cleanup(at_startup=startup)
             total["uploads"] += report.uploads_removed
             total["jobs"] += report.ingest_jobs_failed
             total["builds"] += report.builds_failed
+            total["inspections"] += report.inspect_dirs_removed
             if not report.more(settings.ORS_CLEANUP_BATCH):
                 break
         self.stdout.write(f"cleanup: {total['uploads']} staged uploads removed, {total['jobs']} ingest jobs and "
-                          f"{total['builds']} builds whose process ended marked failed")
+                          f"{total['builds']} builds whose process ended marked failed, "
+                          f"{total['inspections']} inspection folders of killed publishes removed")
