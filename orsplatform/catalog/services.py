@@ -67,6 +67,25 @@ logger = logging.getLogger(__name__)
 
 
 
+def _publish_target(source_dir: Path, manifest: dict, *, slug: str | None, default_slug: str | None,
+                    visibility: str | None) -> tuple[str, str | None]:
+    """The environment a package publishes into and its visibility, checked (with the package's
+    [verify] section) before anything runs or is written."""
+    try:  # [verify] and verify/solutions.jsonl (verified versions, orsplatform/verify/)
+        verify_config.package_verify_check(source_dir, manifest)
+    except verify_config.VerifyConfigError as exc:
+        raise PublishError(str(exc), check="verify") from exc
+    slug = slug or manifest.get("name") or default_slug or source_dir.name
+    try:
+        validate_slug(slug)
+    except ValidationError as exc:
+        raise PublishError(f"Invalid environment name '{slug}': {' '.join(exc.messages)}", check="manifest") from exc
+    visibility = visibility or manifest.get("visibility")
+    if visibility is not None and visibility not in Environment.Visibility.values:
+        raise PublishError(f"Unknown visibility '{visibility}'.", check="manifest")
+    return slug, visibility
+
+
 def environment_publish(
     *, team: Team, source_dir: Path, created_by=None, slug: str | None = None, visibility: str | None = None,
     default_slug: str | None = None, wait: bool = False, data_hash: str | None = None,
@@ -91,18 +110,8 @@ def environment_publish(
               "message": message}
     source_dir = Path(source_dir).resolve()
     manifest = manifest_validate(read_manifest(source_dir))
-    try:  # [verify] and verify/solutions.jsonl (verified versions, orsplatform/verify/)
-        verify_config.package_verify_check(source_dir, manifest)
-    except verify_config.VerifyConfigError as exc:
-        raise PublishError(str(exc), check="verify") from exc
-    slug = slug or manifest.get("name") or default_slug or source_dir.name
-    try:
-        validate_slug(slug)
-    except ValidationError as exc:
-        raise PublishError(f"Invalid environment name '{slug}': {' '.join(exc.messages)}", check="manifest") from exc
-    visibility = visibility or manifest.get("visibility")
-    if visibility is not None and visibility not in Environment.Visibility.values:
-        raise PublishError(f"Unknown visibility '{visibility}'.", check="manifest")
+    slug, visibility = _publish_target(source_dir, manifest, slug=slug, default_slug=default_slug,
+                                       visibility=visibility)
     task_files = package_task_files(source_dir)
     content_hash = package_hash(source_dir)
     if data_hash:  # the same package with other data is another version
