@@ -215,6 +215,18 @@ def _read_small(root: Path, relative: str) -> str:
     return untrusted_files.read_text(root, relative, limit=4096).strip()
 
 
+def _installer_env(cache: Path) -> dict[str, str]:
+    """uv's environment: the shared cache, no configuration or interpreter downloads of its own, the
+    platform's indexes (reached through the registry proxy)."""
+    env = {"UV_CACHE_DIR": str(cache), "UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never",
+           "UV_NO_PROGRESS": "1", "UV_LINK_MODE": "hardlink", "NO_COLOR": "1",
+           "UV_INDEX_URL": settings.ORS_BUILD_INDEX_URL, "UV_HTTP_TIMEOUT": "60",
+           "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}
+    if settings.ORS_BUILD_EXTRA_INDEX_URLS:
+        env["UV_EXTRA_INDEX_URL"] = " ".join(settings.ORS_BUILD_EXTRA_INDEX_URLS)
+    return env
+
+
 def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path | None = None) -> str:
     """Run uv commands in the build sandbox, their output appended to the log (and the end of it
     returned). ``private``: a source build, in a sandbox that sees only that folder (writable),
@@ -228,12 +240,7 @@ def _run(commands: list[list[str]], *, work: Path, log: BuildLog, private: Path 
     disk = settings.ORS_BUILD_DISK_MB * MiB
     limits = Limits(memory_bytes=settings.ORS_BUILD_MEMORY_MB * MiB, cpu_seconds=int(settings.ORS_BUILD_TIMEOUT_SECONDS),
                     processes=512, open_files=4096, tmp_bytes=disk)
-    env = {"UV_CACHE_DIR": str(cache), "UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never",
-           "UV_NO_PROGRESS": "1", "UV_LINK_MODE": "hardlink", "NO_COLOR": "1",
-           "UV_INDEX_URL": settings.ORS_BUILD_INDEX_URL, "UV_HTTP_TIMEOUT": "60",
-           "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}
-    if settings.ORS_BUILD_EXTRA_INDEX_URLS:
-        env["UV_EXTRA_INDEX_URL"] = " ".join(settings.ORS_BUILD_EXTRA_INDEX_URLS)
+    env = _installer_env(cache)
     tls, plain = index_origins([settings.ORS_BUILD_INDEX_URL, *settings.ORS_BUILD_EXTRA_INDEX_URLS])
     cgroup = None
     if private is None:
