@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from orsplatform.catalog import hidden
 from orsplatform.catalog.selectors import EnvHandle, SplitInfo
+from orsplatform.containers.warm import keep_warm_forever
 from orsplatform.engine import hints
 from orsplatform.engine.calls import CallRunner
 from orsplatform.engine.errors import GatewayError, StoreUnavailable, storable
@@ -76,6 +77,7 @@ class EpisodeGateway:
         self.calls = CallRunner(executor=self.executor, store=self.store, spawn=self.spawn)
         self.executor.on_gone = self._ended_elsewhere
         self._reaper: asyncio.Task | None = None
+        self._warmer: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
 
     # --- callers and environments -------------------------------------------------------------
@@ -549,6 +551,9 @@ class EpisodeGateway:
         # Started on the first request, since not every server sends lifespan events.
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_forever())
+            if not self.executor.shared and settings.ORS_CONTAINER_WARM_VERSIONS > 0:
+                # Versions kept warm live in this process's pool (runner nodes: docs/containers.md).
+                self._warmer = asyncio.create_task(keep_warm_forever(self.executor, self.store.run))
 
     async def _reap_forever(self) -> None:
         last_flush = time.monotonic()
@@ -615,6 +620,8 @@ class EpisodeGateway:
     async def shutdown(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._warmer is not None:
+            self._warmer.cancel()
         if self.executor.shared:
             # The sessions live on runner nodes and outlive this gateway; just record activity.
             await self.flush_activity()

@@ -85,6 +85,10 @@ class Executor(ABC):
         """Choose where a new session of `team` (a slug) runs; the name is recorded on the session."""
         return "inline"
 
+    def keep_warm(self, wanted: dict[str, str]) -> None:  # noqa: B027 - a no-op unless workers are local
+        """Hold a started worker for each of these packages (dir -> label) ahead of its first
+        session, and none for any other (containers/warm.py chooses them)."""
+
     def attach(self, sid: str, runner: str) -> None:  # noqa: B027 - a no-op unless sessions are shared
         """Tell this gateway where an existing session runs (one created by another gateway)."""
 

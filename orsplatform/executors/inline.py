@@ -144,6 +144,9 @@ class InlineExecutor(Executor):
         self._live: dict[str, _Live] = {}
         self._teardowns: set[asyncio.Task] = set()
 
+    def keep_warm(self, wanted: dict[str, str]) -> None:
+        self.pool.keep_warm(wanted)
+
     async def start(self, spec: SessionSpec, runner: str = "") -> None:
         live = _Live(secrets=secret_values(spec.secrets))
         self._live[spec.sid] = live
