@@ -36,7 +36,7 @@ def _wait_built(slug: str) -> EnvironmentVersion:
 
 
 def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_ors(
-        servers, owner, member, outsider, container_dirs):
+        servers, owner, member, outsider, container_dirs, container_engine):
     server = servers(**container_dirs)
     r = httpx.post(f"{server.url}/api/v1/environments/acme/ledger/versions", headers=owner.headers,
                    files={"package": ("ledger.zip", zip_bytes(package_files("ledger_env")))}, timeout=BUILD_SECONDS)
@@ -64,9 +64,20 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     schema = httpx.get(f"{url}/schema", headers=member.headers).json()
     assert (schema["action"]["title"], schema["observation"]["title"]) == ("LedgerAction", "LedgerObservation")
 
+    def running() -> list[str]:
+        return container_engine.run("ps", "-q", "--filter", "label=ors.container", "--filter",
+                                    f"ancestor={record.image}").stdout.decode().split()
+
+    # The built version has a started container before its first session (containers/warm.py)...
+    [spare] = wait_for(running, timeout=120, what="the version's spare container")
     with GenericEnvClient(base_url=url, headers=owner.headers).sync() as env:
         first = env.reset(start=3)
         observation = first.observation
+        # ...which the first session takes (its episode's file is in that container's /workspace),
+        # and the next spare starts behind it.
+        listed = container_engine.run("exec", spare, "ls", "/workspace").stdout.decode().split()
+        assert observation["path"].rpartition("/")[2] in listed, (observation["path"], listed)
+        wait_for(lambda: len(running()) == 2, timeout=60, what="the next spare")
         assert (observation["balance"], observation["lines"]) == (3, 1)
         # The image's own Python and openenv (with its web interface), and the Debian package.
         assert observation["runtime"] == {"python": "/app/.venv", "openenv": "0.10.0", "web_interface": True}
