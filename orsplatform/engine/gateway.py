@@ -452,6 +452,20 @@ class EpisodeGateway:
             raise GatewayError(500, redact(f"list_task_tools failed: {type(exc).__name__}: {exc}",
                                            live.secrets)) from None
 
+    async def native_state(self, live: LiveSession) -> dict:
+        """An OpenEnv environment's live state, asked of its instance (sessions.py: only for one
+        whose answers do not carry it)."""
+        await self.ready(live)
+        try:
+            state = await self.executor.native_state(live.sid)
+        except UnknownSession as exc:
+            raise instance_gone(exc) from None
+        except RunnerUnavailable as exc:
+            raise GatewayError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
+        except Exception as exc:
+            raise GatewayError(500, redact(f"state failed: {type(exc).__name__}: {exc}", live.secrets)) from None
+        return state if isinstance(state, dict) else {}
+
     async def start_call(self, caller: Caller, live: LiveSession, name: str, tool_input: dict, *,
                          lingers: bool = True) -> CallEntry:
         """Start a tool call and return at once; `entry.done` is set when its result is recorded.

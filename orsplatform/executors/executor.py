@@ -128,6 +128,11 @@ class Executor(ABC):
     async def task_tools(self, sid: str) -> list[dict]:
         """The task-specific tool specs (list_task_tools), as wire dicts; shared ones are stored."""
 
+    async def native_state(self, sid: str) -> dict:
+        """The state of an OpenEnv environment whose answers do not carry it (a container's server is
+        asked for it only when a client asks: OpenEnv's own client sends ``state`` when it wants it)."""
+        raise UnknownSession(sid)
+
     @abstractmethod
     async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
                    note: dict | None = None) -> CallOutcome:

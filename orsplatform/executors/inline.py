@@ -228,6 +228,9 @@ class InlineExecutor(Executor):
     async def task_tools(self, sid: str) -> list[dict]:
         return await self._ask(sid, "task_tools")
 
+    async def native_state(self, sid: str) -> dict:
+        return await self._ask(sid, "state")
+
     async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
                    note: dict | None = None) -> CallOutcome:
         live, worker = self._worker(sid)
