@@ -172,6 +172,7 @@ def run_platform(args: argparse.Namespace, engine, workdir: Path) -> dict[str, A
     results: dict[str, Any] = {}
     with database(args, workdir) as db:
         env = {**platform_env(db), "ORS_CONTAINERS_DIR": str(engine.state),
+               **({"ORS_CONTAINER_WARM_VERSIONS": "0"} if args.no_spares else {}),
                "ORS_PACKAGE_DIR": str(workdir / "packages"), "ORS_BUILD_LOG_DIR": str(workdir / "builds")}
         os.environ["ORS_PACKAGE_DIR"] = env["ORS_PACKAGE_DIR"]
         key = prepare_platform(env)
@@ -182,9 +183,10 @@ def run_platform(args: argparse.Namespace, engine, workdir: Path) -> dict[str, A
         with server_process("platform", platform_command("uvicorn", port), env, f"http://127.0.0.1:{port}",
                             workdir / "platform.log", 120):
             url, headers = f"http://127.0.0.1:{port}/openenv/builtin/ledger", {"X-API-Key": key}
-            results["spare_ready_s"] = wait_spare(engine, image_of(engine))
+            results["spare_ready_s"] = None if args.no_spares else wait_spare(engine, image_of(engine))
             results.update(asyncio.run(_starts(url, headers)))
-            wait_spare(engine, image_of(engine), count=2)
+            if not args.no_spares:
+                wait_spare(engine, image_of(engine), count=2)
             with cpu_split.window(delay=args.warmup, duration=args.duration) as split:
                 results["platform"] = asyncio.run(load(url, headers, args.concurrency, args.duration, args.warmup))
             results["platform_cpu"] = split
@@ -240,6 +242,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3)
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--builds", action="store_true")
+    parser.add_argument("--no-spares", action="store_true", help="no spare containers (ORS_CONTAINER_WARM_VERSIONS=0): "
+                        "the first session starts its container (also for a tree that has no spares)")
     parser.add_argument("--openenv-repo", default="/work/.mirror/meta-pytorch+OpenEnv/repo")
     parser.add_argument("--load-only")
     parser.add_argument("--json", type=Path)
@@ -275,8 +279,9 @@ def main() -> int:
         print(f"  CPU by process over the measured {args.duration:g} s:")
         print(cpu_split.report(results[f"{side}_cpu"], r["episodes"]))
     print(f"ratio platform/reference {results['ratio']:.2f}")
-    print(f"first session of the version (its spare, up {results['spare_ready_s']:.1f} s after the server started) "
-          f"{results['cold_start_s']:.2f} s; further session on the warm container "
+    spare = ("no spare" if results["spare_ready_s"] is None else
+             f"its spare, up {results['spare_ready_s']:.1f} s after the server started")
+    print(f"first session of the version ({spare}) {results['cold_start_s']:.2f} s; further session on the warm container "
           f"{results['warm_session_ms']:.1f} ms (median of 5)")
     print(f"idle container memory: {', '.join(f'{m:.0f} MB' for m in results['idle_container_mb']) or 'n/a'}")
     for key in ("coding_env_build_cold_s", "coding_env_build_warm_s"):
