@@ -225,6 +225,7 @@ class SandboxPool:
             await asyncio.shield(starting)
         worker = self._spares.pop(package_dir, None)
         if worker is None or not worker.alive:
+            self._spare_ensure(package_dir)  # one that died unclaimed: another starts
             return None
         worker.key, worker.label = key, label
         worker.on_death = self.on_lost
