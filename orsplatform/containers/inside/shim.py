@@ -295,10 +295,20 @@ async def serve(shim: Shim, reader: asyncio.StreamReader, writer: asyncio.WriteT
            "call": shim.op_call, "stop": shim.op_stop, "inspect": shim.op_inspect,
            "state": shim.op_state}
     tasks: set[asyncio.Task] = set()
+    loop = asyncio.get_running_loop()
+    # The replies of one pass of the loop leave in one write: every system call here is a ptrace
+    # stop under gVisor, and under load several sessions' answers come in the same pass.
+    replies: list[bytes] = []
+
+    def flush() -> None:
+        writer.write(b"".join(replies))
+        replies.clear()
 
     def send(message: dict) -> None:
         body = dumps(message).encode()
-        writer.write(HEADER.pack(len(body)) + body)
+        if not replies:
+            loop.call_soon(flush)
+        replies.append(HEADER.pack(len(body)) + body)
 
     async def handle(msg: dict) -> None:
         reply: dict = {"id": msg.get("id")}
