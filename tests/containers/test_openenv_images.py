@@ -9,6 +9,7 @@ Real engine, runsc, builds and server processes."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from openenv.core.generic_client import GenericEnvClient
 from ors.client import ORS
 
@@ -73,10 +74,7 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     with GenericEnvClient(base_url=url, headers=owner.headers).sync() as env:
         first = env.reset(start=3)
         observation = first.observation
-        # ...which the first session takes (its episode's file is in that container's /workspace),
-        # and the next spare starts behind it.
-        listed = container_engine.run("exec", spare, "ls", "/workspace").stdout.decode().split()
-        assert observation["path"].rpartition("/")[2] in listed, (observation["path"], listed)
+        # ...which the first session takes (below), and the next spare starts behind it.
         wait_for(lambda: len(running()) == 2, timeout=60, what="the next spare")
         assert (observation["balance"], observation["lines"]) == (3, 1)
         # The image's own Python and openenv (with its web interface), and the Debian package.
@@ -85,9 +83,16 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
         assert observation["path"].startswith("/workspace/")
         step = env.step({"amount": 4, "note": "rent"})
         assert (step.observation["balance"], step.observation["lines"], step.reward, step.done) == (7, 2, 7.0, False)
+        assert env.state()["step_count"] == 1  # the server's, asked when a client asks
         last = env.step({"amount": 5})
         assert (last.reward, last.done) == (12.0, True)
-        assert env.state()["step_count"] == 2
+        # The session's container is the spare: stopped, the session ends, and the state (asked
+        # again after a step) says why.
+        container_engine.run("kill", spare)
+        wait_for(lambda: spare not in running(), timeout=60, what="the spare's end")
+        with pytest.raises(Exception, match="acme/ledger@1") as ended:
+            env.state()
+        print("ENDED", repr(ended.value))
 
     with ORS(base_url=server.url, api_key=member.token) as client:
         ors_env = client.environment("acme/ledger")
