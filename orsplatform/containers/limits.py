@@ -12,7 +12,7 @@ from orsplatform.sandbox.config import Limits, read_manifest_sandbox
 MiB = 1024 * 1024
 DEFAULTS = {"ORS_CONTAINER_MEMORY_MB": 2048, "ORS_CONTAINER_MAX_MEMORY_MB": 8192, "ORS_CONTAINER_PROCESSES": 512,
             "ORS_CONTAINER_MAX_PROCESSES": 4096, "ORS_CONTAINER_CPUS": 2.0, "ORS_CONTAINER_MAX_CPUS": 4.0,
-            "ORS_CONTAINER_OPEN_FILES": 4096, "ORS_CONTAINER_SESSIONS": 0}
+            "ORS_CONTAINER_OPEN_FILES": 4096}
 
 
 def setting(name: str) -> float:

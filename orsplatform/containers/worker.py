@@ -22,7 +22,7 @@ from pathlib import Path
 
 from orsplatform.containers import engine as engines
 from orsplatform.containers.images import ImageRecord, archive_path, record_path, record_read
-from orsplatform.containers.limits import container_limits, setting
+from orsplatform.containers.limits import container_limits
 from orsplatform.containers.runtime import RUNTIME_NAME
 from orsplatform.sandbox.config import Limits
 from orsplatform.sandbox.supervised import MAX_FRAME, Worker, WorkerGone
@@ -99,12 +99,6 @@ def ensure_image(engine: engines.Engine, record: ImageRecord, package_dir: str) 
 
 class ContainerWorker(Worker):
     name: str = ""
-
-    @classmethod
-    def sessions_cap(cls, config) -> int:
-        # The author's server is one process under gVisor, whose every system call is a ptrace
-        # stop: past a few sessions a pair's calls queue on it while the CPUs have room for more.
-        return int(setting("ORS_CONTAINER_SESSIONS")) or config.sessions_per_worker
 
     async def spawn(self, package_dir: str, limits: Limits) -> None:
         sized = container_limits(package_dir)  # the container's own defaults and maxima, not a worker's

@@ -109,7 +109,7 @@ class SandboxPool:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             workers = [w for w in self._workers.get(key, []) if w.alive]
-            cap = max(1, self.worker_class(package_dir).sessions_cap(self.config))
+            cap = self.config.sessions_per_worker
             roomy = [w for w in workers if len(w.sessions) < cap]
             spawning = self._spawning.get(key)
             if not workers and spawning is None and (spare := await self._spare_for(key, package_dir, label)):

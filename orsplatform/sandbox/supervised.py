@@ -102,11 +102,6 @@ class Worker:
         self.on_death: Callable[[list[str], str], None] | None = None
         self.on_fault: Callable[[], None] | None = None
 
-    @classmethod
-    def sessions_cap(cls, config: SandboxConfig) -> int:
-        """Sessions of one pair per worker before the pool starts another."""
-        return config.sessions_per_worker
-
     @property
     def alive(self) -> bool:
         return self.dead is None
