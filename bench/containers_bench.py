@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
+from bench import cpu_split  # noqa: E402
 from bench.compare import (  # noqa: E402
     ROOT,
     free_port,
@@ -130,6 +131,22 @@ def reference(engine, image: str):
         engine.run("rm", "-f", name, check=False, timeout=60)
 
 
+def wait_spare(engine, image: str, count: int = 1, timeout: float = 300) -> float:
+    """Seconds until ``count`` containers of the image answer on their loopback: the version's spare
+    (containers/warm.py; the server started after the build here, so the spare starts now, as it
+    does when a build ends), and after a session took it, the next one (not measured while it
+    imports its server: that start would take the load's CPU)."""
+    t0 = time.monotonic()
+    probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)"
+    while time.monotonic() - t0 < timeout:
+        ids = engine.run("ps", "-q", "--filter", "label=ors.container", "--filter", f"ancestor={image}").stdout.split()
+        if len(ids) >= count and all(engine.run("exec", i.decode(), "python3", "-c", probe, check=False).returncode == 0
+                                     for i in ids):
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    raise SystemExit(f"{count} container(s) of the image did not answer (ORS_CONTAINER_WARM_VERSIONS=0?)")
+
+
 def reference_load(engine, url: str, args: argparse.Namespace) -> dict:
     """This script's --load-only, inside the engine's network namespace (where the reference listens)."""
     prefix = ["nsenter", f"--net=/run/netns/{engine.netns}"] if engine.netns else []
@@ -155,6 +172,7 @@ def run_platform(args: argparse.Namespace, engine, workdir: Path) -> dict[str, A
     results: dict[str, Any] = {}
     with database(args, workdir) as db:
         env = {**platform_env(db), "ORS_CONTAINERS_DIR": str(engine.state),
+               **({"ORS_CONTAINER_WARM_VERSIONS": "0"} if args.no_spares else {}),
                "ORS_PACKAGE_DIR": str(workdir / "packages"), "ORS_BUILD_LOG_DIR": str(workdir / "builds")}
         os.environ["ORS_PACKAGE_DIR"] = env["ORS_PACKAGE_DIR"]
         key = prepare_platform(env)
@@ -165,8 +183,11 @@ def run_platform(args: argparse.Namespace, engine, workdir: Path) -> dict[str, A
         with server_process("platform", platform_command("uvicorn", port), env, f"http://127.0.0.1:{port}",
                             workdir / "platform.log", 120):
             url, headers = f"http://127.0.0.1:{port}/openenv/builtin/ledger", {"X-API-Key": key}
-            results.update(asyncio.run(_starts(url, headers)))
-            results["platform"] = asyncio.run(load(url, headers, args.concurrency, args.duration, args.warmup))
+            results["spare_ready_s"] = None if args.no_spares else wait_spare(engine, image_of(engine))
+            results.update(asyncio.run(_starts(url, headers, None if args.no_spares else engine)))
+            with cpu_split.window(delay=args.warmup, duration=args.duration) as split:
+                results["platform"] = asyncio.run(load(url, headers, args.concurrency, args.duration, args.warmup))
+            results["platform_cpu"] = split
             image = image_of(engine)
             deadline = time.monotonic() + 20  # the sessions' teardowns
             while time.monotonic() < deadline and not idle_memory_mb(engine, image):
@@ -175,8 +196,10 @@ def run_platform(args: argparse.Namespace, engine, workdir: Path) -> dict[str, A
     return results
 
 
-async def _starts(url: str, headers: dict[str, str]) -> dict[str, Any]:
+async def _starts(url: str, headers: dict[str, str], engine=None) -> dict[str, Any]:
     cold, first = await first_observation(url, headers)
+    if engine is not None:  # the next spare's start is not measured into the further sessions nor the load
+        await asyncio.to_thread(wait_spare, engine, image_of(engine), 2)
     warm = []
     for _ in range(5):
         seconds, client = await first_observation(url, headers)
@@ -219,6 +242,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3)
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--builds", action="store_true")
+    parser.add_argument("--no-spares", action="store_true", help="no spare containers (ORS_CONTAINER_WARM_VERSIONS=0): "
+                        "the first session starts its container (also for a tree that has no spares)")
     parser.add_argument("--openenv-repo", default="/work/.mirror/meta-pytorch+OpenEnv/repo")
     parser.add_argument("--load-only")
     parser.add_argument("--json", type=Path)
@@ -237,7 +262,9 @@ def main() -> int:
             image = image_of(engine)
             with reference(engine, image) as url:
                 wait_reference(engine, url)
-                results["reference"] = reference_load(engine, url, args)
+                with cpu_split.window(delay=args.warmup, duration=args.duration) as split:
+                    results["reference"] = reference_load(engine, url, args)
+                results["reference_cpu"] = split
             ratio = results["platform"]["episodes_per_s"] / max(results["reference"]["episodes_per_s"], 1e-9)
             results["ratio"] = ratio
             if args.builds:
@@ -249,15 +276,19 @@ def main() -> int:
         print(f"{side:<10} c={r['concurrency']:<3} {r['episodes_per_s']:7.1f} episodes/s  reset p50 "
               f"{r['reset_p50_ms']:.1f} ms  step p50 {r['step_p50_ms']:.1f} ms  p99 {r['step_p99_ms']:.1f} ms  "
               f"errors {r['errors']}")
+        print(f"  CPU by process over the measured {args.duration:g} s:")
+        print(cpu_split.report(results[f"{side}_cpu"], r["episodes"]))
     print(f"ratio platform/reference {results['ratio']:.2f}")
-    print(f"cold start (first session of the version) {results['cold_start_s']:.2f} s; further session on the "
-          f"warm container {results['warm_session_ms']:.1f} ms (median of 5)")
+    spare = ("no spare" if results["spare_ready_s"] is None else
+             f"its spare, up {results['spare_ready_s']:.1f} s after the server started")
+    print(f"first session of the version ({spare}) {results['cold_start_s']:.2f} s; further session on the warm container "
+          f"{results['warm_session_ms']:.1f} ms (median of 5)")
     print(f"idle container memory: {', '.join(f'{m:.0f} MB' for m in results['idle_container_mb']) or 'n/a'}")
     for key in ("coding_env_build_cold_s", "coding_env_build_warm_s"):
         if key in results:
             print(f"{key}: {results[key]:.1f} s")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+        args.json.write_text(json.dumps(results, indent=1, default=lambda o: dict(getattr(o, "result", {}))))
     return 0
 
 

@@ -402,6 +402,12 @@ _num("ORS_CONTAINER_MAX_PROCESSES", 4096, "The most processes a manifest may ask
 _num("ORS_CONTAINER_CPUS", 2.0, "A container's CPUs.")
 _num("ORS_CONTAINER_MAX_CPUS", 4.0, "The most CPUs a manifest may ask for.")
 _num("ORS_CONTAINER_OPEN_FILES", 4096, "A container's open files.", minimum=1)
+_num("ORS_CONTAINER_WARM_VERSIONS", 4, "Versions that keep a started container (a spare) for their next "
+     "first session, on a gateway running its own sessions (0: none; each holds an idle container's memory).")
+_num("ORS_CONTAINER_WARM_PER_TEAM", 2, "Of those, the most of one team's versions.")
+_num("ORS_CONTAINER_WARM_IDLE_SECONDS", 3600.0, "A version neither built nor used for this long keeps no spare.")
+_num("ORS_CONTAINER_WARM_CHECK_SECONDS", 5.0, "How often the gateway looks for versions to keep warm (a build "
+     "that finished gets its spare within this).", minimum=0.1)
 
 # --- Verified versions (docs/verified-versions.md) --------------------------------------------------------
 _group = "Verified versions"

@@ -449,6 +449,11 @@ ORS_IMAGE_BUILD_ALLOWED_HOSTS = env["ORS_IMAGE_BUILD_ALLOWED_HOSTS"]
 ORS_IMAGE_BUILD_HTTP_ORIGINS = env["ORS_IMAGE_BUILD_HTTP_ORIGINS"]
 ORS_IMAGE_INSPECT_TIMEOUT_SECONDS = env["ORS_IMAGE_INSPECT_TIMEOUT_SECONDS"]
 ORS_CONTAINER_ARCHIVES = env["ORS_CONTAINER_ARCHIVES"]
+# A started container per recently built or used version, ahead of its first session (containers/warm.py).
+ORS_CONTAINER_WARM_VERSIONS = env["ORS_CONTAINER_WARM_VERSIONS"]
+ORS_CONTAINER_WARM_PER_TEAM = env["ORS_CONTAINER_WARM_PER_TEAM"]
+ORS_CONTAINER_WARM_IDLE_SECONDS = env["ORS_CONTAINER_WARM_IDLE_SECONDS"]
+ORS_CONTAINER_WARM_CHECK_SECONDS = env["ORS_CONTAINER_WARM_CHECK_SECONDS"]
 # A requirement published only as a source distribution is built into a wheel in a sandbox of its
 # own (no shared cache, a throwaway private one; docs/sdists.md); 0 keeps builds wheels-only.
 ORS_BUILD_SDISTS = env["ORS_BUILD_SDISTS"]

@@ -16,6 +16,7 @@ from collections.abc import Coroutine
 
 from django.conf import settings
 
+from orsplatform.containers.warm import keep_warm_forever
 from orsplatform.engine.errors import StoreUnavailable
 from orsplatform.episodes.models import Session
 
@@ -33,6 +34,9 @@ class GatewayBackground:
         # Started on the first request, since not every server sends lifespan events.
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_forever())
+            if not self.executor.shared and settings.ORS_CONTAINER_WARM_VERSIONS > 0:
+                # Versions kept warm live in this process's pool (runner nodes: docs/containers.md).
+                self._warmer = asyncio.create_task(keep_warm_forever(self.executor, self.store.run))
 
     async def _reap_forever(self) -> None:
         last_flush = time.monotonic()
@@ -99,6 +103,8 @@ class GatewayBackground:
     async def shutdown(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._warmer is not None:
+            self._warmer.cancel()
         if self.executor.shared:
             # The sessions live on runner nodes and outlive this gateway; just record activity.
             await self.flush_activity()

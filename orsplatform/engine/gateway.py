@@ -2,10 +2,10 @@
 
 One per process. It resolves environments for a caller, opens sessions, creates episodes, waits for
 setup, serves prompts, task tools and tool calls, and ends episodes; it owns the live-session
-registry, the executor, the team limits and the durable writes; the reaper and the activity flush
-are its background half (engine/background.py). Faces (the ORS app, the OpenEnv consumer, the AAP evaluator) parse their wire, ask
-the gateway, and map its ``GatewayError`` onto their wire; none of them touches the executor or the
-store for an episode.
+registry, the executor, the team limits and the durable writes; the reaper, the activity flush and
+the warm containers are its background half (engine/background.py). Faces (the ORS app, the OpenEnv
+consumer, the AAP evaluator) parse their wire, ask the gateway, and map its ``GatewayError`` onto
+their wire; none of them touches the executor or the store for an episode.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class EpisodeGateway(GatewayBackground):
         self.calls = CallRunner(executor=self.executor, store=self.store, spawn=self.spawn)
         self.executor.on_gone = self._ended_elsewhere
         self._reaper: asyncio.Task | None = None
+        self._warmer: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
 
     # --- callers and environments -------------------------------------------------------------
@@ -449,6 +450,20 @@ class EpisodeGateway(GatewayBackground):
         except Exception as exc:
             raise GatewayError(500, redact(f"list_task_tools failed: {type(exc).__name__}: {exc}",
                                            live.secrets)) from None
+
+    async def native_state(self, live: LiveSession) -> dict:
+        """An OpenEnv environment's live state, asked of its instance (sessions.py: only for one
+        whose answers do not carry it)."""
+        await self.ready(live)
+        try:
+            state = await self.executor.native_state(live.sid)
+        except UnknownSession as exc:
+            raise instance_gone(exc) from None
+        except RunnerUnavailable as exc:
+            raise GatewayError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
+        except Exception as exc:
+            raise GatewayError(500, redact(f"state failed: {type(exc).__name__}: {exc}", live.secrets)) from None
+        return state if isinstance(state, dict) else {}
 
     async def start_call(self, caller: Caller, live: LiveSession, name: str, tool_input: dict, *,
                          lingers: bool = True) -> CallEntry:

@@ -85,6 +85,10 @@ class Executor(ABC):
         """Choose where a new session of `team` (a slug) runs; the name is recorded on the session."""
         return "inline"
 
+    def keep_warm(self, wanted: dict[str, str]) -> None:  # noqa: B027 - a no-op unless workers are local
+        """Hold a started worker for each of these packages (dir -> label) ahead of its first
+        session, and none for any other (containers/warm.py chooses them)."""
+
     def attach(self, sid: str, runner: str) -> None:  # noqa: B027 - a no-op unless sessions are shared
         """Tell this gateway where an existing session runs (one created by another gateway)."""
 
@@ -123,6 +127,11 @@ class Executor(ABC):
     @abstractmethod
     async def task_tools(self, sid: str) -> list[dict]:
         """The task-specific tool specs (list_task_tools), as wire dicts; shared ones are stored."""
+
+    async def native_state(self, sid: str) -> dict:
+        """The state of an OpenEnv environment whose answers do not carry it (a container's server is
+        asked for it only when a client asks: OpenEnv's own client sends ``state`` when it wants it)."""
+        raise UnknownSession(sid)
 
     @abstractmethod
     async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",

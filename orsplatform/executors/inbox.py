@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 VERSION = 1
-OPS = frozenset({"setup", "call", "prompt", "task_tools", "teardown"})
+OPS = frozenset({"setup", "call", "prompt", "task_tools", "state", "teardown"})
 BATCH = 32  # messages taken per round trip at most (BLMPOP ... COUNT)
 
 

@@ -144,6 +144,9 @@ class InlineExecutor(Executor):
         self._live: dict[str, _Live] = {}
         self._teardowns: set[asyncio.Task] = set()
 
+    def keep_warm(self, wanted: dict[str, str]) -> None:
+        self.pool.keep_warm(wanted)
+
     async def start(self, spec: SessionSpec, runner: str = "") -> None:
         live = _Live(secrets=secret_values(spec.secrets))
         self._live[spec.sid] = live
@@ -224,6 +227,9 @@ class InlineExecutor(Executor):
 
     async def task_tools(self, sid: str) -> list[dict]:
         return await self._ask(sid, "task_tools")
+
+    async def native_state(self, sid: str) -> dict:
+        return await self._ask(sid, "state")
 
     async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
                    note: dict | None = None) -> CallOutcome:

@@ -339,11 +339,16 @@ def task_tools(sid: str, request_id: str, gateway: str) -> None:
     node.spawn(_reply(gateway, request_id, lambda: node.executor.task_tools(sid)))
 
 
+def state(sid: str, request_id: str, gateway: str) -> None:
+    node.spawn(_reply(gateway, request_id, lambda: node.executor.native_state(sid)))
+
+
 def teardown(sid: str, settled: bool = False) -> None:
     node.spawn(_teardown(sid, settled))
 
 
-HANDLERS = {"setup": setup, "call": call, "prompt": prompt, "task_tools": task_tools, "teardown": teardown}
+HANDLERS = {"setup": setup, "call": call, "prompt": prompt, "task_tools": task_tools, "state": state,
+            "teardown": teardown}
 assert set(HANDLERS) == inbox.OPS
 
 

@@ -388,6 +388,9 @@ class CeleryExecutor(Executor):
     async def task_tools(self, sid: str) -> list[dict]:
         return await self._request("task_tools", sid)
 
+    async def native_state(self, sid: str) -> dict:
+        return await self._request("state", sid)
+
     async def call(self, sid: str, name: str, input: dict, timeout: float, task_id: str = "",
                    note: dict | None = None) -> CallOutcome:
         runner = self._runner_of(sid)

@@ -430,7 +430,7 @@ class OpenEnvFace:
                     return dumps({"type": "observation", "data": reply}), None
                 if kind == "state":
                     _no_extra(message, {"type"})
-                    return dumps({"type": "state", "data": self.episodes.state(session)}), None
+                    return dumps({"type": "state", "data": await self.episodes.state(session)}), None
                 if kind == "close":
                     _no_extra(message, {"type"})
                     return None, CLOSE_NORMAL

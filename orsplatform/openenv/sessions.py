@@ -99,6 +99,9 @@ class OpenEnvSession:
     run: str | None = None  # the X-Run header its socket was opened with (reset's `run` wins)
     close_pending: bool = False  # openenv/session/close came while a socket held it
     native_state: dict[str, Any] | None = None  # an OpenEnv-SDK environment's state, as last reported
+    # Its answers leave the state out (a container's: its server is asked for the state only when
+    # a client asks, as OpenEnv's own client does): `state` asks the instance.
+    state_on_request: bool = False
     last_used: float = field(default_factory=time.monotonic)
     # One message at a time, in order, whichever transport it came by.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -241,7 +244,7 @@ class Episodes:
             raise
         if env.openenv:
             native = _native(blocks[0].get("detail") if blocks and isinstance(blocks[0], dict) else None)
-            session.native_state = native.get("state")
+            session.native_state, session.state_on_request = native.get("state"), "state" not in native
             return native.get("observation") or observation_data({"metadata": {}}, None, False)
         metadata = {"source_type": "ors", "original_env_class": env.entrypoint.rpartition(":")[2],
                     "environment": f"{env.full_name}@{env.version_number}", "session_id": sid,
@@ -317,6 +320,8 @@ class Episodes:
         native = _native(result["output"].get("metadata"))
         if "state" in native:
             session.native_state = native["state"]
+        elif session.state_on_request:
+            session.native_state = None  # changed by the step: asked for again when wanted
         return native.get("observation") or observation_data({"metadata": {}}, None, False)
 
     async def call_tool(self, session: OpenEnvSession, action: CallToolAction) -> dict[str, Any]:
@@ -326,7 +331,11 @@ class Episodes:
         reward, done = observation.pop("reward"), observation.pop("done")
         return observation_data(observation, reward, done, observation["metadata"])
 
-    def state(self, session: OpenEnvSession) -> dict[str, Any]:
+    async def state(self, session: OpenEnvSession) -> dict[str, Any]:
+        if session.env.openenv and session.live is not None and session.state_on_request \
+                and session.native_state is None:
+            live = await self._current(session)
+            session.native_state = await self._guard(self.gateway.native_state(live))
         if session.env.openenv and session.live is not None and session.native_state is not None:
             return session.native_state
         state: dict[str, Any] = {"episode_id": session.episode_id, "step_count": session.step_count}
@@ -339,7 +348,7 @@ class Episodes:
     async def close(self, session: OpenEnvSession) -> None:
         """End the session's episode, if any (teardown and the audit row closed by the gateway)."""
         live, session.live = session.live, None
-        session.native_state = None
+        session.native_state, session.state_on_request = None, False
         if live is not None:
             await self._end(session.caller, live)
 

@@ -113,6 +113,9 @@ class OrsApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                # At start, not at the first request: a restarted platform's spares (containers/
+                # warm.py) are running before the first session asks for one.
+                self.gateway.ensure_background()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.shutdown()

@@ -37,6 +37,7 @@ from orsplatform.sandbox.supervised import (
 
 __all__ = ["CallTimedOut", "SandboxPool", "Worker", "WorkerError", "WorkerGone"]
 log = logging.getLogger("orsplatform.sandbox")
+SPARE_RETRY_SECONDS = 300.0  # a spare that failed to start is tried again after this long
 
 
 class SandboxPool:
@@ -57,6 +58,14 @@ class SandboxPool:
         # make the supervisor start one worker after another (each start costs the host CPU that
         # every team's calls need; bench/tenant_noise.py's `flood`).
         self._backoff: dict[tuple, tuple[float, float]] = {}
+        # Spares: a started worker per package kept warm (keep_warm), no pair's yet. A pair's first
+        # session takes it instead of waiting for a start (a container's server imports for
+        # seconds under gVisor) and the next spare starts behind it.
+        self._warm: dict[str, str] = {}  # package dir -> label, as keep_warm last said
+        self._spares: dict[str, Worker] = {}
+        self._spare_starts: dict[str, asyncio.Task] = {}
+        self._spare_failed: dict[str, float] = {}  # package dir -> when its last spare failed to start
+        self._spare_gate: asyncio.Semaphore | None = None
 
     def _faulted(self, key: tuple) -> None:
         now = time.monotonic()
@@ -85,6 +94,9 @@ class SandboxPool:
     def workers(self) -> list[Worker]:
         return [w for ws in self._workers.values() for w in ws]
 
+    def spares(self) -> dict[str, Worker]:
+        return dict(self._spares)
+
     async def acquire(self, *, sid: str, package_dir: str, team: Any, label: str, caller: Any = None) -> Worker:
         """A live worker of (package, team, caller) with room for the session (started if needed).
         `caller` (the API key) keeps one caller's processes from another's sessions: a child left
@@ -100,7 +112,9 @@ class SandboxPool:
             cap = self.config.sessions_per_worker
             roomy = [w for w in workers if len(w.sessions) < cap]
             spawning = self._spawning.get(key)
-            if roomy:
+            if not workers and spawning is None and (spare := await self._spare_for(key, package_dir, label)):
+                worker = spare
+            elif roomy:
                 worker = min(roomy, key=lambda w: len(w.sessions))
             elif spawning is None and len(workers) < self.config.max_workers_per_key:
                 # Over the cap: the next worker starts in the background while sessions overflow
@@ -152,6 +166,75 @@ class SandboxPool:
         finally:
             self._spawning.pop(key, None)
 
+    # --- spares: versions kept warm -------------------------------------------------------------
+
+    def keep_warm(self, wanted: dict[str, str]) -> None:
+        """Hold one started spare for each of these packages (dir -> label) and none for any other.
+        The caller bounds the list (containers/warm.py: how many versions, how many of one team's,
+        how long unused); a spare no longer wanted is stopped."""
+        if self._janitor is None or self._janitor.done():  # it notices a spare that died
+            self._janitor = asyncio.create_task(self._janitor_loop())
+        self._warm = dict(wanted)
+        for package_dir in [p for p in self._spares if p not in wanted]:
+            self._spares.pop(package_dir).kill("its version is no longer kept warm")
+        for package_dir in wanted:
+            self._spare_ensure(package_dir)
+
+    def _spare_ensure(self, package_dir: str) -> None:
+        spare = self._spares.get(package_dir)
+        if package_dir not in self._warm or (spare is not None and spare.alive) or package_dir in self._spare_starts:
+            return
+        failed = self._spare_failed.get(package_dir)
+        if failed is not None and time.monotonic() - failed < SPARE_RETRY_SECONDS:
+            return  # a version whose container does not start is not retried on every pass
+        task = self._spare_starts[package_dir] = asyncio.create_task(self._spare_start(package_dir))
+        task.add_done_callback(_consume)
+
+    async def _spare_start(self, package_dir: str) -> None:
+        try:
+            # One start at a time: a platform (re)starting with many versions to warm does not
+            # start them all at once on the CPUs that serve sessions.
+            self._spare_gate = self._spare_gate or asyncio.Semaphore(1)
+            async with self._spare_gate:
+                label = self._warm.get(package_dir)
+                if label is None:
+                    return
+                worker = self.worker_class(package_dir)((package_dir, None, None), label, self.config)
+                try:
+                    await worker.spawn(package_dir, self.limits(package_dir))
+                except (WorkerGone, PermissionError, OSError) as exc:
+                    self._spare_failed[package_dir] = time.monotonic()
+                    log.warning("no spare for %s: %s", label, str(exc)[:300])
+                    return
+                if package_dir in self._warm:
+                    self._spare_failed.pop(package_dir, None)
+                    self._spares[package_dir] = worker
+                    log.info("spare worker started for %s", label)
+                else:
+                    worker.kill("its version is no longer kept warm")
+        finally:
+            self._spare_starts.pop(package_dir, None)
+
+    async def _spare_for(self, key: tuple, package_dir: str, label: str) -> Worker | None:
+        """The package's spare, now the pair's worker (awaited when it is starting: it is closer to
+        ready than a start begun now); None when there is none or the pair is backing off."""
+        if self.backoff(key):
+            return None  # taking spares must not let a faulting pair skip its back-off
+        starting = self._spare_starts.get(package_dir)
+        if package_dir not in self._spares and starting is not None:
+            await asyncio.shield(starting)
+        worker = self._spares.pop(package_dir, None)
+        if worker is None or not worker.alive:
+            self._spare_ensure(package_dir)  # one that died unclaimed: another starts
+            return None
+        worker.key, worker.label = key, label
+        worker.on_death = self.on_lost
+        worker.on_fault = functools.partial(self._faulted, key)
+        self._workers.setdefault(key, []).append(worker)
+        self._spare_ensure(package_dir)  # the next one starts behind it
+        log.info("spare worker taken for %s", label)
+        return worker
+
     def release(self, worker: Worker, sid: str) -> None:
         worker.sessions.discard(sid)
         if not worker.sessions:
@@ -167,6 +250,10 @@ class SandboxPool:
                 log.exception("sandbox janitor failed")
 
     def sweep(self, now: float) -> None:
+        for package_dir, spare in list(self._spares.items()):
+            if not spare.alive:  # it died unclaimed: another takes its place
+                del self._spares[package_dir]
+                self._spare_ensure(package_dir)
         for key, workers in list(self._workers.items()):
             for worker in workers:
                 if not worker.alive:
@@ -189,6 +276,12 @@ class SandboxPool:
     async def close(self) -> None:
         if self._janitor is not None:
             self._janitor.cancel()
+        self._warm = {}
+        if self._spare_starts:  # a start under way ends as a spare, stopped below
+            await asyncio.wait(list(self._spare_starts.values()), timeout=self.config.start_seconds)
+        for spare in self._spares.values():
+            spare.kill("the platform shut down")
+        self._spares.clear()
         if self._spawning:  # registered once started, so closed with the others below
             await asyncio.wait(list(self._spawning.values()), timeout=self.config.start_seconds)
         for worker in self.workers():

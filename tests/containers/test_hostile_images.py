@@ -65,7 +65,8 @@ def _probe(server, person, sid: str, probe: str, arg: str = "", n: int = 0) -> d
 
 @pytest.fixture
 def hostile(servers, owner, container_dirs):
-    server = servers(**container_dirs, ORS_SANDBOX_IDLE_SECONDS="600")
+    # No spares (containers/warm.py): these tests count, kill and unload the version's containers.
+    server = servers(**container_dirs, ORS_SANDBOX_IDLE_SECONDS="600", ORS_CONTAINER_WARM_VERSIONS="0")
     r = httpx.post(f"{server.url}/api/v1/environments/{ENV}/versions", headers=owner.headers,
                    files={"package": ("hostile.zip", zip_bytes(package_files("hostile_env")))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text

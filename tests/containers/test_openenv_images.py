@@ -9,6 +9,7 @@ Real engine, runsc, builds and server processes."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from openenv.core.generic_client import GenericEnvClient
 from ors.client import ORS
 
@@ -36,7 +37,7 @@ def _wait_built(slug: str) -> EnvironmentVersion:
 
 
 def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_ors(
-        servers, owner, member, outsider, container_dirs):
+        servers, owner, member, outsider, container_dirs, container_engine):
     server = servers(**container_dirs)
     r = httpx.post(f"{server.url}/api/v1/environments/acme/ledger/versions", headers=owner.headers,
                    files={"package": ("ledger.zip", zip_bytes(package_files("ledger_env")))}, timeout=BUILD_SECONDS)
@@ -64,9 +65,17 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     schema = httpx.get(f"{url}/schema", headers=member.headers).json()
     assert (schema["action"]["title"], schema["observation"]["title"]) == ("LedgerAction", "LedgerObservation")
 
+    def running() -> list[str]:
+        return container_engine.run("ps", "-q", "--filter", "label=ors.container", "--filter",
+                                    f"ancestor={record.image}").stdout.decode().split()
+
+    # The built version has a started container before its first session (containers/warm.py)...
+    [spare] = wait_for(running, timeout=120, what="the version's spare container")
     with GenericEnvClient(base_url=url, headers=owner.headers).sync() as env:
         first = env.reset(start=3)
         observation = first.observation
+        # ...which the first session takes (below), and the next spare starts behind it.
+        wait_for(lambda: len(running()) == 2, timeout=60, what="the next spare")
         assert (observation["balance"], observation["lines"]) == (3, 1)
         # The image's own Python and openenv (with its web interface), and the Debian package.
         assert observation["runtime"] == {"python": "/app/.venv", "openenv": "0.10.0", "web_interface": True}
@@ -74,9 +83,15 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
         assert observation["path"].startswith("/workspace/")
         step = env.step({"amount": 4, "note": "rent"})
         assert (step.observation["balance"], step.observation["lines"], step.reward, step.done) == (7, 2, 7.0, False)
+        assert env.state()["step_count"] == 1  # the server's, asked when a client asks
         last = env.step({"amount": 5})
         assert (last.reward, last.done) == (12.0, True)
-        assert env.state()["step_count"] == 2
+        # The session's container is the spare: stopped, the session ends, and the state (asked
+        # again after a step) says why.
+        container_engine.run("kill", spare)
+        wait_for(lambda: spare not in running(), timeout=60, what="the spare's end")
+        with pytest.raises(RuntimeError, match="acme/ledger@1 stopped"):
+            env.state()
 
     with ORS(base_url=server.url, api_key=member.token) as client:
         ors_env = client.environment("acme/ledger")

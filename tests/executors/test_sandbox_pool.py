@@ -61,15 +61,23 @@ async def test_a_pair_gets_more_workers_under_load_and_idle_ones_are_retired(pac
 
 
 async def test_a_busy_pair_gets_a_warm_spare_before_its_worker_is_full(package):
-    # Three quarters of the cap in use: the next worker starts then, so the session that fills the
-    # first one and the one after it wait for no start.
     config = dataclasses.replace(SandboxConfig.from_env(threads=4), sessions_per_worker=4, idle_seconds=600)
     executor = InlineExecutor(threads=4, config=config)
     try:
+        # A version kept warm (containers/warm.py) has a started worker before its first session,
+        # which takes it (no start to wait for); the next one starts behind it.
+        executor.keep_warm({package: "acme/probe@1"})
+        await wait_until(lambda: package in executor.pool.spares(), timeout=120)
+        spare = executor.pool.spares()[package]
+        assert spare.alive and not executor.pool.workers()
+        # Three quarters of the cap in use: the next worker starts then, so the session that fills
+        # the first one and the one after it wait for no start.
         for i in range(2):
             await executor.start(spec(f"s{i}", package, team=1))
             await executor.wait_ready(f"s{i}", 120)
-        assert len(executor.pool.workers()) == 1  # half full: no spare yet
+        assert executor.pool.workers() == [spare] and spare.key[1] == 1  # half full: no spare yet
+        await wait_until(lambda: package in executor.pool.spares(), timeout=120)
+        assert executor.pool.spares()[package] is not spare
         await executor.start(spec("s2", package, team=1))
         await executor.wait_ready("s2", 120)
         await wait_until(lambda: len([w for w in executor.pool.workers() if w.alive]) == 2, timeout=120)
@@ -80,6 +88,11 @@ async def test_a_busy_pair_gets_a_warm_spare_before_its_worker_is_full(package):
             await executor.wait_ready(sid, 120)
         # The spare takes its share at once (sessions go to the least loaded worker); no third starts.
         assert sorted(len(w.sessions) for w in executor.pool.workers()) == [2, 3]
+        second = executor.pool.spares()[package]
+        executor.keep_warm({})  # no longer wanted: its spare is stopped, the pair's workers stay
+        assert not executor.pool.spares() and second.kill_reason == "its version is no longer kept warm"
+        await wait_until(lambda: not second.alive)
+        assert spare.alive
     finally:
         await executor.close()
 

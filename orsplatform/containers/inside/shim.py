@@ -9,9 +9,10 @@ the supervisor (sandbox/pool.py) drives a container exactly as it drives a Pytho
 
 Each session is one WebSocket to the author's server at ``/ws``, as OpenEnv's own client opens one:
 setup resets it with the task spec, a call is a step (``call_tool`` for a tool environment), stop
-closes it. Answers carry the server's own serialized observation and state, in the shape
-sandbox/openenv_host.py gives them, so the OpenEnv face and the ORS face serve a container
-exactly as they serve an OpenEnv-SDK class.
+closes it. Answers carry the server's own serialized observation, in the shape
+sandbox/openenv_host.py gives it, so the OpenEnv face and the ORS face serve a container
+exactly as they serve an OpenEnv-SDK class; the state is the server's answer to ``state``, asked
+only when a client asks for it (``op_state``), as OpenEnv's own client asks.
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ def action_kind(schema: dict) -> str:
     return "mcp" if "call_tool" in dumps(action) or "tool_name" in dumps((action or {}).get("properties", {})) else "step"
 
 
-def block(data: dict, state: dict) -> dict:
-    return {"type": "text", "text": dumps(data.get("observation")),
-            "detail": {KEY: {"observation": data, "state": state}}}
+def block(data: dict) -> dict:
+    # No state: the server is asked for it only when a client asks (op_state), as OpenEnv's own
+    # client does; asking after every reset and step doubled the server's work per step.
+    return {"type": "text", "text": dumps(data.get("observation")), "detail": {KEY: {"observation": data}}}
 
 
 class Session:
@@ -152,7 +154,7 @@ class Shim:
         while self.idle:
             session = Session(self.idle.pop())
             try:
-                observation, state = await session.ask(reset, {"type": "state"})
+                [observation] = await session.ask(reset)
                 break
             except ServerGone:  # the server dropped it meanwhile: another one
                 session.socket.close()
@@ -163,12 +165,12 @@ class Shim:
             except (OSError, Closed) as exc:
                 raise SetupError(f"The environment's server refused a session: {exc}") from None
             session = Session(socket)
-            observation, state = await session.ask(reset, {"type": "state"})
+            [observation] = await session.ask(reset)
         socket = session.socket
         if observation.get("type") != "observation":
             socket.close()
             raise SetupError(f"reset failed: {_message(observation)}")
-        session.prompt = block(observation.get("data") or {}, (state.get("data") or {}))
+        session.prompt = block(observation.get("data") or {})
         self.sessions[msg["sid"]] = session
         return {"prompt": [session.prompt], "task_tools": []} if msg.get("first") else None
 
@@ -196,7 +198,7 @@ class Shim:
         else:
             action = tool_input
         try:
-            observation, state = await session.ask({"type": "step", "data": action}, {"type": "state"})
+            [observation] = await session.ask({"type": "step", "data": action})
         except ServerGone as exc:
             return {"exception": str(exc)}
         if observation.get("type") != "observation":
@@ -215,7 +217,7 @@ class Shim:
             return {"result": {"ok": False, "error": str(text), "reason": str(reason)}}
         reward = data.get("reward")
         output = {"blocks": [{"type": "text", "text": self._text(fields)}],
-                  "metadata": {KEY: {"observation": data, "state": state.get("data") or {}}},
+                  "metadata": {KEY: {"observation": data}},
                   "reward": None if reward is None else float(reward), "finished": bool(data.get("done"))}
         return {"result": {"ok": True, "output": output}}
 
@@ -228,6 +230,13 @@ class Shim:
         if isinstance(result, str):
             return result
         return dumps(fields)
+
+    async def op_state(self, msg: dict) -> dict:
+        session = self._session(msg["sid"])
+        [state] = await session.ask({"type": "state"})
+        if state.get("type") != "state":
+            raise ServerGone(f"state failed: {_message(state)}")
+        return state.get("data") or {}
 
     async def op_stop(self, msg: dict) -> None:
         session = self.sessions.pop(msg["sid"], None)
@@ -283,12 +292,23 @@ def _message(answer: dict) -> str:
 
 async def serve(shim: Shim, reader: asyncio.StreamReader, writer: asyncio.WriteTransport) -> None:
     ops = {"setup": shim.op_setup, "prompt": shim.op_prompt, "task_tools": shim.op_task_tools,
-           "call": shim.op_call, "stop": shim.op_stop, "inspect": shim.op_inspect}
+           "call": shim.op_call, "stop": shim.op_stop, "inspect": shim.op_inspect,
+           "state": shim.op_state}
     tasks: set[asyncio.Task] = set()
+    loop = asyncio.get_running_loop()
+    # The replies of one pass of the loop leave in one write: every system call here is a ptrace
+    # stop under gVisor, and under load several sessions' answers come in the same pass.
+    replies: list[bytes] = []
+
+    def flush() -> None:
+        writer.write(b"".join(replies))
+        replies.clear()
 
     def send(message: dict) -> None:
         body = dumps(message).encode()
-        writer.write(HEADER.pack(len(body)) + body)
+        if not replies:
+            loop.call_soon(flush)
+        replies.append(HEADER.pack(len(body)) + body)
 
     async def handle(msg: dict) -> None:
         reply: dict = {"id": msg.get("id")}
