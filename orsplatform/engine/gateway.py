@@ -15,6 +15,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 from django.conf import settings
@@ -420,14 +421,7 @@ class EpisodeGateway(GatewayBackground):
 
     async def prompt(self, live: LiveSession) -> list[dict]:
         await self.ready(live)
-        try:
-            blocks = await self.executor.prompt(live.sid)
-        except UnknownSession as exc:
-            raise instance_gone(exc) from None
-        except RunnerUnavailable as exc:
-            raise GatewayError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
-        except Exception as exc:  # the environment's get_prompt() failed
-            raise GatewayError(500, redact(f"get_prompt failed: {type(exc).__name__}: {exc}", live.secrets)) from None
+        blocks = await self._ask(live, "get_prompt", self.executor.prompt(live.sid))
         if not live.prompt_recorded:
             # For the session explorer and exports; off the request's path (the answer does not wait).
             live.prompt_recorded = True
@@ -441,29 +435,27 @@ class EpisodeGateway(GatewayBackground):
     async def tools(self, live: LiveSession) -> list[dict]:
         """The session's tools: the environment's shared ones and the task's own."""
         await self.ready(live)
-        try:
-            return [*live.env.tools, *await self.executor.task_tools(live.sid)]
-        except UnknownSession as exc:
-            raise instance_gone(exc) from None
-        except RunnerUnavailable as exc:
-            raise GatewayError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
-        except Exception as exc:
-            raise GatewayError(500, redact(f"list_task_tools failed: {type(exc).__name__}: {exc}",
-                                           live.secrets)) from None
+        return [*live.env.tools, *await self._ask(live, "list_task_tools", self.executor.task_tools(live.sid))]
 
     async def native_state(self, live: LiveSession) -> dict:
         """An OpenEnv environment's live state, asked of its instance (sessions.py: only for one
         whose answers do not carry it)."""
         await self.ready(live)
+        state = await self._ask(live, "state", self.executor.native_state(live.sid))
+        return state if isinstance(state, dict) else {}
+
+    @staticmethod
+    async def _ask(live: LiveSession, what: str, request: Awaitable[Any]) -> Any:
+        """The instance's answer to `request`, its failures as the gateway's errors: gone (410), its
+        runner unreachable (503), or the environment's own method (`what`) failing (500, redacted)."""
         try:
-            state = await self.executor.native_state(live.sid)
+            return await request
         except UnknownSession as exc:
             raise instance_gone(exc) from None
         except RunnerUnavailable as exc:
             raise GatewayError(503, f"{exc}; retry shortly.", {"Retry-After": "5"}) from None
         except Exception as exc:
-            raise GatewayError(500, redact(f"state failed: {type(exc).__name__}: {exc}", live.secrets)) from None
-        return state if isinstance(state, dict) else {}
+            raise GatewayError(500, redact(f"{what} failed: {type(exc).__name__}: {exc}", live.secrets)) from None
 
     async def start_call(self, caller: Caller, live: LiveSession, name: str, tool_input: dict, *,
                          lingers: bool = True) -> CallEntry:
