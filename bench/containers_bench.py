@@ -109,8 +109,9 @@ def idle_memory_mb(engine, image: str) -> list[float]:
                      f"ancestor={image}").stdout.decode().split()
     out = []
     for cid in ids:
-        for path in (f"/sys/fs/cgroup/memory/docker/{cid}/memory.usage_in_bytes",
-                     f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.current"):
+        parent = (engine.cgroup_parent or "/docker").strip("/")  # the platform's engine: its own parent
+        for path in (f"/sys/fs/cgroup/memory/{parent}/{cid}/memory.usage_in_bytes",
+                     f"/sys/fs/cgroup/{parent}/{cid}/memory.current"):
             with contextlib.suppress(OSError, ValueError):
                 out.append(int(Path(path).read_text()) / 1e6)
                 break

@@ -389,6 +389,12 @@ _add("ORS_IMAGE_BUILD_ALLOWED_HOSTS", "list", ["registry.npmjs.org"], "HTTPS hos
 _add("ORS_IMAGE_BUILD_HTTP_ORIGINS", "list", ["deb.debian.org:80", "security.debian.org:80"], "Plain-HTTP "
      "origins an image build may reach (Debian's mirrors, for apt-get).")
 _num("ORS_IMAGE_INSPECT_TIMEOUT_SECONDS", 300.0, "Starting a built image and reading its server's tools.")
+_num("ORS_IMAGE_BUILD_MEMORY_MB", 4096, "An image build's memory, all its RUN steps together (the platform's "
+     "own engine; builds on one engine take turns).", minimum=1)
+_num("ORS_IMAGE_BUILD_PROCESSES", 2048, "An image build's processes and threads (the platform's own engine).",
+     minimum=1)
+_num("ORS_IMAGE_BUILD_DISK_MB", 20480, "The disk an image build may take (its steps, layers and cache "
+     "mounts); a build past it is stopped.", minimum=1)
 _add("ORS_CONTAINER_ARCHIVES", "bool", lambda got: got["ORS_EXECUTOR"] == "celery", "Keep each built image "
      "as a `docker save` archive beside its package, for runner nodes' own engines (default: with the "
      "celery executor).", shown="on with `ORS_EXECUTOR=celery`")

@@ -8,8 +8,9 @@ Dockerfile written for OpenEnv's repository root, ``COPY envs/<name>/ …``, get
 reads ``RUN --mount=type=cache`` and the rest of what OpenEnv's Dockerfiles use). ``RUN`` steps
 run in the engine's network namespace (engine.py): a loopback and, for the length of the build, a
 relay (relay.py) to the registry proxy (sandbox/registry_proxy.py), given to the build as its HTTP
-proxy. What the proxy refuses is written to the build's log. The build has a wall-clock limit;
-its output streams into the version's build log line by line.
+proxy. What the proxy refuses is written to the build's log. The build has a wall-clock limit,
+and memory, process and disk limits (build_limits.py); its output streams into the version's
+build log line by line.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from orsplatform.containers.build_limits import BuildLimits, Turn, turn
 from orsplatform.containers.engine import Engine
 
 RELAY = Path(__file__).with_name("relay.py")
 DOCKERFILES = ("Dockerfile", "server/Dockerfile")
 SYNTAX = re.compile(r"^\s*#\s*syntax\s*=", re.IGNORECASE)
 LOG_LINE_CHARS = 2000
+WATCH_SECONDS = 0.5
 
 
 class BuildFailed(Exception):
@@ -116,12 +119,15 @@ def _relay(engine: Engine, proxy: Proxy, work: Path, log: Callable[[str], None])
 
 
 def build(*, engine: Engine, context_dir: Path, dockerfile: Path | None, tag: str, proxy: Proxy,
-          log: Callable[[str], None], timeout: float, extra_args: list[str] | None = None) -> str:
-    """Build ``dockerfile`` (default: the package's) with ``context_dir``; the image's id."""
+          log: Callable[[str], None], timeout: float, extra_args: list[str] | None = None,
+          limits: BuildLimits | None = None) -> str:
+    """Build ``dockerfile`` (default: the package's) with ``context_dir``; the image's id. Within
+    ``limits`` (default: the operator's ORS_IMAGE_BUILD_* settings), taking turns on the engine."""
     source = dockerfile or dockerfile_of(context_dir)
     if source is None:
         raise BuildFailed("The package has no Dockerfile (at its root or server/Dockerfile).")
-    with tempfile.TemporaryDirectory(prefix="ors-image-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="ors-image-") as tmp_name, \
+            turn(engine, limits or BuildLimits.from_environment(), log) as this_turn:
         tmp = Path(tmp_name)
         path, text = _dockerfile(source, tmp, log)
         context = _context(context_dir, text, tmp)
@@ -131,26 +137,34 @@ def build(*, engine: Engine, context_dir: Path, dockerfile: Path | None, tag: st
             for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
                 args += ["--build-arg", f"{name}={proxy_url}"]
             args += ["--build-arg", "no_proxy=localhost,127.0.0.1", "--build-arg", "NO_PROXY=localhost,127.0.0.1"]
-            _stream(engine, [*args, *(extra_args or []), str(context)], log, timeout)
+            _stream(engine, [*args, *(extra_args or []), str(context)], log, timeout, this_turn)
     image = engine.run("image", "inspect", "--format", "{{.Id}}", tag, timeout=30).stdout.decode().strip()
     if not image:
         raise BuildFailed("The build ended without an image.")
     return image
 
 
-def _stream(engine: Engine, args: list[str], log: Callable[[str], None], timeout: float) -> None:
+def _stream(engine: Engine, args: list[str], log: Callable[[str], None], timeout: float, this_turn: Turn) -> None:
     proc = subprocess.Popen(engine.argv(*args), env=engine.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    timed_out = threading.Event()
-
-    def stop() -> None:
-        timed_out.set()
-        proc.kill()  # the client's end of the session: BuildKit cancels the build
-
-    timer = threading.Timer(timeout, stop)
-    timer.start()
-    tail: list[str] = []
     started = time.monotonic()
+    stopped: list[str] = []  # why the watchdog stopped the build
+    done = threading.Event()
+
+    def watchdog() -> None:
+        while not done.wait(WATCH_SECONDS):
+            if time.monotonic() - started > timeout:
+                stopped.append(f"The image build took longer than {timeout:g} s and was stopped.")
+            elif this_turn.over_disk():
+                stopped.append(f"The image build wrote more than its {this_turn.limits.disk_mb} MB of disk "
+                               "(ORS_IMAGE_BUILD_DISK_MB) and was stopped.")
+            if stopped:
+                proc.kill()  # the client's end of the session: BuildKit cancels the build
+                return
+
+    watcher = threading.Thread(target=watchdog, name="image-build-watchdog", daemon=True)
+    watcher.start()
+    tail: list[str] = []
     try:
         assert proc.stdout is not None
         for raw in proc.stdout:
@@ -159,9 +173,11 @@ def _stream(engine: Engine, args: list[str], log: Callable[[str], None], timeout
             tail = (tail + [line])[-8:]
         status = proc.wait()
     finally:
-        timer.cancel()
-    if timed_out.is_set():
-        raise BuildFailed(f"The image build took longer than {timeout:g} s and was stopped.")
+        done.set()
+        watcher.join()
+    if stopped:
+        raise BuildFailed(stopped[0])
     if status != 0:
-        raise BuildFailed("The image build failed: " + " | ".join(t for t in tail if t)[-1500:])
+        limit = this_turn.why_failed("\n".join(tail))
+        raise BuildFailed(limit or "The image build failed: " + " | ".join(t for t in tail if t)[-1500:])
     log(f"[platform] image built in {time.monotonic() - started:.1f} s")

@@ -55,6 +55,12 @@ class Engine:
     started: bool = False  # by this process
     _lock: int | None = field(default=None, repr=False)
 
+    @property
+    def cgroup_parent(self) -> str | None:
+        """The cgroup the platform's own engine puts its containers and build steps under (named after
+        the engine, so two engines on one machine never share one; build_limits.py limits its builds)."""
+        return f"/{self.netns}" if self.netns else None
+
     def env(self) -> dict[str, str]:
         return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "DOCKER_HOST": self.host,
                 "DOCKER_BUILDKIT": "1", "HOME": str(self.state), "DOCKER_CONFIG": str(self.state / "cli")}
@@ -161,7 +167,8 @@ def _netns_name(state: Path) -> str:
 def _start(engine: Engine) -> None:
     state = engine.state
     config = state / "daemon.json"
-    config.write_text(json.dumps({"runtimes": daemon_runtimes(), "features": {"buildkit": True}}, indent=1))
+    config.write_text(json.dumps({"runtimes": daemon_runtimes(), "features": {"buildkit": True},
+                                  "cgroup-parent": engine.cgroup_parent}, indent=1))
     netns = engine.netns
     assert netns is not None
     subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
@@ -202,3 +209,19 @@ def _stop(engine: Engine) -> None:
             os.kill(pid, signal.SIGKILL)
     if engine.netns:
         subprocess.run(["ip", "netns", "delete", engine.netns], capture_output=True)
+    _remove_cgroups(engine)
+
+
+def _remove_cgroups(engine: Engine) -> None:
+    """The engine's cgroup parent in every hierarchy, once it stopped (a group still in use stays)."""
+    parent = engine.cgroup_parent
+    if parent is None:
+        return
+    roots = [Path("/sys/fs/cgroup")]
+    with contextlib.suppress(OSError):
+        roots += [p for p in Path("/sys/fs/cgroup").iterdir() if p.is_dir()]
+    for root in roots:
+        group = root / parent.strip("/")
+        for path in (group / "buildkit", group):
+            with contextlib.suppress(OSError):
+                path.rmdir()
