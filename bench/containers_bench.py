@@ -11,6 +11,9 @@ platform's build service). Figures, each from this one invocation:
   with its own command (OpenEnv's server, ``runc``, the engine's host network, clients beside it in
   the engine's network namespace), then (2) against the platform (``/openenv/builtin/ledger``: API
   key, audit log, the container under gVisor, spoken to over its stdio); the ratio platform/reference;
+  (3) against the same image and command under gVisor without the platform (its file system as an OCI
+  bundle, ``runsc run`` with the platform's runsc flags and the host's network), which splits that
+  ratio into the runtime's part and the platform's own (``--no-gvisor-reference`` skips it);
 - cold start: a version's first session (no container yet: start under gVisor, the image's server
   up, the session reset) and a further session on the warm container, connect to first observation;
 - memory of an idle container (its cgroup's usage once its sessions ended);
@@ -132,6 +135,48 @@ def reference(engine, image: str):
         engine.run("rm", "-f", name, check=False, timeout=60)
 
 
+@contextlib.contextmanager
+def reference_gvisor(engine, image: str, workdir: Path):
+    """The same image and command under gVisor without the platform: the image's file system as an OCI
+    bundle, ``runsc run`` with the platform's runsc flags and the host's network (what ``docker run
+    --runtime=runsc --network=host`` gives), so clients reach it as they reach the runc reference.
+    Measured beside the runc reference, it splits the platform's ratio into the runtime's part and
+    the platform's own."""
+    from orsplatform.containers.runtime import runsc_global_flags, runsc_path
+
+    port = free_port()
+    bundle, state = workdir / "ref-bundle", workdir / "ref-runsc"
+    (bundle / "rootfs").mkdir(parents=True)
+    state.mkdir()
+    cid = engine.run("create", image, "true").stdout.decode().strip()
+    try:
+        exported = engine.run("export", cid, timeout=600).stdout
+    finally:
+        engine.run("rm", "-f", cid, check=False)
+    subprocess.run(["tar", "-x", "-C", str(bundle / "rootfs")], input=exported, check=True)
+    config = json.loads(engine.run("image", "inspect", image).stdout)[0]["Config"]
+    runsc = [runsc_path() or "runsc", f"--root={state}", *runsc_global_flags(), "--network=host"]
+    subprocess.run([*runsc, "spec", "--bundle", str(bundle), "--", "uvicorn", "ledger_env.server.app:app",
+                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"],
+                   check=True)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"].update(terminal=False, env=config.get("Env") or [], cwd=config.get("WorkingDir") or "/")
+    spec["root"]["readonly"] = False
+    (bundle / "config.json").write_text(json.dumps(spec))
+    name = f"ors-bench-gvisor-{port}"
+    proc = subprocess.Popen([*runsc, "run", "--bundle", str(bundle), name], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=open(workdir / "ref-gvisor.log", "ab"))
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        subprocess.run([*runsc, "kill", name, "KILL"], capture_output=True)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        subprocess.run([*runsc, "delete", "--force", name], capture_output=True)
+
+
 def wait_spare(engine, image: str, count: int = 1, timeout: float = 300) -> float:
     """Seconds until ``count`` containers of the image answer on their loopback: the version's spare
     (containers/warm.py; the server started after the build here, so the spare starts now, as it
@@ -150,7 +195,7 @@ def wait_spare(engine, image: str, count: int = 1, timeout: float = 300) -> floa
 
 def reference_load(engine, url: str, args: argparse.Namespace) -> dict:
     """This script's --load-only, inside the engine's network namespace (where the reference listens)."""
-    prefix = ["nsenter", f"--net=/run/netns/{engine.netns}"] if engine.netns else []
+    prefix = ["nsenter", f"--net=/run/netns/{engine.netns}"] if engine and engine.netns else []
     out = subprocess.run([*prefix, sys.executable, __file__, "--load-only", url, "--concurrency",
                           str(args.concurrency), "--duration", str(args.duration), "--warmup", str(args.warmup)],
                          capture_output=True, timeout=args.duration + args.warmup + 300, cwd=ROOT)
@@ -160,7 +205,7 @@ def reference_load(engine, url: str, args: argparse.Namespace) -> dict:
 
 
 def wait_reference(engine, url: str, timeout: float = 120) -> None:
-    prefix = ["nsenter", f"--net=/run/netns/{engine.netns}"] if engine.netns else []
+    prefix = ["nsenter", f"--net=/run/netns/{engine.netns}"] if engine and engine.netns else []
     deadline = time.monotonic() + timeout
     probe = f"import urllib.request; urllib.request.urlopen('{url}/health', timeout=1)"
     while subprocess.run([*prefix, sys.executable, "-c", probe], capture_output=True).returncode != 0:
@@ -247,6 +292,7 @@ def main() -> int:
                         "the first session starts its container (also for a tree that has no spares)")
     parser.add_argument("--openenv-repo", default="/work/.mirror/meta-pytorch+OpenEnv/repo")
     parser.add_argument("--load-only")
+    parser.add_argument("--no-gvisor-reference", action="store_true", help="skip the image run directly by runsc")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.load_only:
@@ -266,20 +312,32 @@ def main() -> int:
                 with cpu_split.window(delay=args.warmup, duration=args.duration) as split:
                     results["reference"] = reference_load(engine, url, args)
                 results["reference_cpu"] = split
-            ratio = results["platform"]["episodes_per_s"] / max(results["reference"]["episodes_per_s"], 1e-9)
-            results["ratio"] = ratio
+            if not args.no_gvisor_reference:
+                with reference_gvisor(engine, image, workdir) as url:
+                    wait_reference(None, url, timeout=300)
+                    with cpu_split.window(delay=args.warmup, duration=args.duration) as split:
+                        results["reference_gvisor"] = reference_load(None, url, args)
+                    results["reference_gvisor_cpu"] = split
+            for side in ("reference", "reference_gvisor"):
+                if side in results:
+                    ratio = results["platform"]["episodes_per_s"] / max(results[side]["episodes_per_s"], 1e-9)
+                    results["ratio" if side == "reference" else "ratio_gvisor"] = ratio
             if args.builds:
                 results.update(run_builds(args, engine, workdir))
     finally:
         engines.release(engine)
-    for side in ("reference", "platform"):
+    for side in ("reference", "reference_gvisor", "platform"):
+        if side not in results:
+            continue
         r = results[side]
         print(f"{side:<10} c={r['concurrency']:<3} {r['episodes_per_s']:7.1f} episodes/s  reset p50 "
               f"{r['reset_p50_ms']:.1f} ms  step p50 {r['step_p50_ms']:.1f} ms  p99 {r['step_p99_ms']:.1f} ms  "
               f"errors {r['errors']}")
         print(f"  CPU by process over the measured {args.duration:g} s:")
         print(cpu_split.report(results[f"{side}_cpu"], r["episodes"]))
-    print(f"ratio platform/reference {results['ratio']:.2f}")
+    print(f"ratio platform/reference (runc) {results['ratio']:.2f}")
+    if "ratio_gvisor" in results:
+        print(f"ratio platform/reference under gVisor {results['ratio_gvisor']:.2f}")
     spare = ("no spare" if results["spare_ready_s"] is None else
              f"its spare, up {results['spare_ready_s']:.1f} s after the server started")
     print(f"first session of the version ({spare}) {results['cold_start_s']:.2f} s; further session on the warm container "
