@@ -162,6 +162,8 @@ def reference_gvisor(engine, image: str, workdir: Path):
     spec = json.loads((bundle / "config.json").read_text())
     spec["process"].update(terminal=False, env=config.get("Env") or [], cwd=config.get("WorkingDir") or "/")
     spec["root"]["readonly"] = False
+    # The host's network: no network namespace of its own (runsc's default spec makes an empty one).
+    spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != "network"]
     (bundle / "config.json").write_text(json.dumps(spec))
     name = f"ors-bench-gvisor-{port}"
     proc = subprocess.Popen([*runsc, "run", "--bundle", str(bundle), name], stdin=subprocess.DEVNULL,
