@@ -18,22 +18,8 @@ from orsplatform.catalog.pyenvs import log_path
 from orsplatform.containers.images import record_read
 from orsplatform.episodes.models import Session, ToolCall
 from tests.catalog.support import login, zip_bytes
-from tests.containers.conftest import package_files
+from tests.containers.conftest import BUILD_SECONDS, package_files, wait_built
 from tests.e2e.helpers import wait_for
-
-BUILD_SECONDS = 900  # a fresh machine debootstraps the base and installs openenv with Gradio
-
-
-def _version(slug: str, number: int = 1) -> EnvironmentVersion:
-    # The team too: another test's committed environment may share the slug under another team.
-    return EnvironmentVersion.objects.get(environment__team__slug="acme", environment__slug=slug, number=number)
-
-
-def _wait_built(slug: str) -> EnvironmentVersion:
-    wait_for(lambda: EnvironmentVersion.objects.filter(
-        environment__team__slug="acme", environment__slug=slug).exclude(
-        status=EnvironmentVersion.Status.BUILDING).exists(), timeout=BUILD_SECONDS, what="the build")
-    return _version(slug)
 
 
 def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_ors(
@@ -42,7 +28,7 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     r = httpx.post(f"{server.url}/api/v1/environments/acme/ledger/versions", headers=owner.headers,
                    files={"package": ("ledger.zip", zip_bytes(package_files("ledger_env")))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
-    version = _wait_built("ledger")
+    version = wait_built("ledger")
     build_log = log_path(version.id).read_text()
     assert version.status == EnvironmentVersion.Status.READY, (version.error, build_log[-3000:])
     assert "ignoring '# syntax=docker/dockerfile:1'" in build_log and "[platform] ready: acme/ledger@1" in build_log
@@ -116,7 +102,7 @@ def test_a_container_environments_hidden_task_fields_reach_its_server_and_no_tra
     r = httpx.post(f"{server.url}/api/v1/environments/acme/quiet/versions", headers=owner.headers,
                    files={"package": ("quiet.zip", zip_bytes(files))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
-    version = _wait_built("quiet")
+    version = wait_built("quiet")
     assert version.status == EnvironmentVersion.Status.READY, (version.error, log_path(version.id).read_text()[-3000:])
     assert [(s["name"], s["type"]) for s in version.splits] == [("train", "train")]
 
