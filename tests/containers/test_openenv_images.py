@@ -58,7 +58,7 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     # The built version has a started container before its first session (containers/warm.py)...
     [spare] = wait_for(running, timeout=120, what="the version's spare container")
     with GenericEnvClient(base_url=url, headers=owner.headers).sync() as env:
-        first = env.reset(start=3)
+        first = env.reset(start=3, run="ledger-run")
         observation = first.observation
         # ...which the first session takes (below), and the next spare starts behind it.
         wait_for(lambda: len(running()) == 2, timeout=60, what="the next spare")
@@ -92,6 +92,9 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     calls = list(ToolCall.objects.filter(session__version=version).order_by("started_at")
                  .values_list("session__protocol", "name", "reward", "finished"))
     assert calls == [("openenv", "step", 7.0, False), ("openenv", "step", 12.0, True), ("ors", "step", 10.0, True)]
+    # The reset's own arguments are the task; the run it names is the platform's, not the server's.
+    assert list(Session.objects.filter(version=version, protocol="openenv").values_list("task_spec", "run_name")) == [
+        ({"start": 3}, "ledger-run")]
 
 
 def test_a_container_environments_hidden_task_fields_reach_its_server_and_no_trainer(
