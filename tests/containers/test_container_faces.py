@@ -16,6 +16,7 @@ from ors.client import ORS
 
 from orsplatform.catalog.models import Environment, EnvironmentVersion
 from orsplatform.catalog.pyenvs import log_path
+from orsplatform.containers.images import record_read
 from orsplatform.episodes.models import Session
 from tests.catalog.support import zip_bytes
 from tests.containers.conftest import BUILD_SECONDS, LEDGER_CANARY, LEDGER_MANIFEST, faces_package, wait_built
@@ -44,25 +45,9 @@ def _current() -> int | None:
     return env.current_version.number if env.current_version else None
 
 
-def test_a_container_environment_keeps_hidden_fields_sealed_splits_runs_and_verified_versions(
-        servers, owner, member, outsider, container_dirs):
-    server = servers(**container_dirs)
-    seen: list[str] = []  # every body a non-owner (or the owner, for hidden fields) was served
-
-    r = _publish(server, owner, faces_package())
-    assert r.status_code == 202, r.text
-    version = wait_built("ledger")
-    assert version.status == EnvironmentVersion.Status.READY, (version.error, log_path(version.id).read_text()[-3000:])
-    assert [(s["name"], s["type"]) for s in version.splits] == [("test", "test"), ("train", "train")]
-    # A first version with a reference solution is held until the solution scores as stated: the
-    # replay ran the solution's step in the image's container, on the full task (its hidden start).
-    first = _verification(server, member, 1)
-    assert first["status"] == "passed", first
-    solutions = first["report"]["solutions"]
-    assert solutions["passed"] == 1 and [(s["split"], s["index"], s["reward"]) for s in solutions["results"]] == [
-        ("train", 0, 10.0)], solutions
-    assert _current() == 1
-
+def _ors_episodes(server, member, owner) -> list[str]:
+    """Hidden fields and the sealed split over ORS; the bodies served."""
+    seen = []
     with ORS(base_url=server.url, api_key=member.token) as client:
         env = client.environment("acme/ledger")
         train = env.list_tasks("train")
@@ -88,8 +73,11 @@ def test_a_container_environment_keeps_hidden_fields_sealed_splits_runs_and_veri
     with ORS(base_url=server.url, api_key=owner.token) as client:  # the owner's publish key reads the sealed split
         sealed = client.environment("acme/ledger").get_task("test", 1)
         assert sealed.task_spec == {"label": "test-1"}
+    return seen
 
-    # OpenEnv: a training run's episode on the sealed split, by split and index.
+
+def _openenv_episode(server, member) -> list[str]:
+    """A training run's episode on the sealed split over OpenEnv, by split and index; the bodies served."""
     url = f"{server.url}/openenv/acme/ledger"
     with GenericEnvClient(base_url=url, headers=member.headers).sync() as openenv:
         reset = openenv.reset(split="test", index=1, run="grpo-ledger")
@@ -97,30 +85,63 @@ def test_a_container_environment_keeps_hidden_fields_sealed_splits_runs_and_veri
         step = openenv.step({"amount": 1, "note": "x"})
         assert (step.observation["balance"], step.reward, step.done) == (3, 3.0, False)
         state = openenv.state()
-        seen += [json.dumps(reset.observation), json.dumps(step.observation), json.dumps(state)]
     schema = httpx.get(f"{url}/schema", headers=member.headers)
     assert schema.status_code == 200
     tasks = httpx.post(f"{url}/tasks", headers=member.headers, json={"split": "test"})
     assert tasks.status_code == 403 and "sealed" in tasks.json()["detail"], tasks.text
-    seen += [schema.text, tasks.text]
+    return [json.dumps(reset.observation), json.dumps(step.observation), json.dumps(state), schema.text, tasks.text]
 
+
+def _runs(server, owner, member, rows: list[Session]) -> list[str]:
+    """The training run holds the OpenEnv episode; the ORS ones are in the key's default run."""
+    run = httpx.get(f"{server.url}/api/v1/runs/grpo-ledger", headers=member.headers)
+    assert run.status_code == 200, run.text
+    assert [(p["kind"], p["ref"], p["reward"]) for p in run.json()["series"]] == [("session", rows[2].sid, 3.0)]
+    runs = httpx.get(f"{server.url}/api/v1/runs", headers=owner.headers).json()["runs"]
+    assert {r["name"]: r["episodes"] for r in runs} == {"grpo-ledger": 1, "bob-key": 2}
+    sessions = httpx.get(f"{server.url}/api/v1/sessions?environment=acme/ledger", headers=member.headers)
+    assert sessions.status_code == 200
+    return [run.text, json.dumps(runs), sessions.text]
+
+
+def _outsider_reaches_nothing(server, outsider, sid: str) -> None:
+    """Not the environment over either face, not its runs, sessions or verification."""
+    assert httpx.get(f"{server.url}/openenv/acme/ledger/schema", headers=outsider.headers).status_code == 404
+    theirs = httpx.post(f"{server.url}/create_session", headers=outsider.headers).json()["sid"]
+    created = httpx.post(f"{server.url}/acme/ledger/create", headers={**outsider.headers, "X-Session-ID": theirs},
+                         json={"split": "train", "index": 0}, timeout=60)
+    assert created.status_code == 404 and set(created.json()) == {"detail"}, created.text
+    for path in ("/api/v1/runs/grpo-ledger", "/api/v1/environments/acme/ledger/versions/2/verification",
+                 f"/api/v1/sessions/{sid}"):
+        r = httpx.get(f"{server.url}{path}", headers=outsider.headers)
+        assert r.status_code == 404 and set(r.json()) == {"detail"}, (path, r.text)
+
+
+def test_a_container_environment_keeps_hidden_fields_sealed_splits_runs_and_verified_versions(
+        servers, owner, member, outsider, container_dirs):
+    server = servers(**container_dirs)
+    r = _publish(server, owner, faces_package())
+    assert r.status_code == 202, r.text
+    version = wait_built("ledger")
+    assert version.status == EnvironmentVersion.Status.READY, (version.error, log_path(version.id).read_text()[-3000:])
+    assert [(s["name"], s["type"]) for s in version.splits] == [("test", "test"), ("train", "train")]
+    # A first version with a reference solution is held until the solution scores as stated: the
+    # replay ran the solution's step in the image's container, on the full task (its hidden start).
+    first = _verification(server, member, 1)
+    assert first["status"] == "passed", first
+    solutions = first["report"]["solutions"]
+    assert solutions["passed"] == 1 and [(s["split"], s["index"], s["reward"]) for s in solutions["results"]] == [
+        ("train", 0, 10.0)], solutions
+    assert _current() == 1
+
+    seen = _ors_episodes(server, member, owner) + _openenv_episode(server, member)
     rows = wait_for(lambda: (lambda r: r if len(r) == 3 else None)(list(
         Session.objects.filter(version=version, status=Session.Status.DELETED).order_by("created_at"))),
         timeout=60, what="three ended episodes")
     assert [(r.protocol, r.split, r.task_index, r.sealed, r.total_reward) for r in rows] == [
         ("ors", "train", 0, False, 10.0), ("ors", "test", 2, True, 13.0), ("openenv", "test", 1, True, 3.0)]
     assert all(LEDGER_CANARY not in json.dumps(r.task_spec) and "start" not in (r.task_spec or {}) for r in rows)
-
-    # The training run holds the OpenEnv episode; the ORS ones are in the key's default run.
-    run = httpx.get(f"{server.url}/api/v1/runs/grpo-ledger", headers=member.headers)
-    assert run.status_code == 200, run.text
-    assert [(p["kind"], p["ref"], p["reward"]) for p in run.json()["series"]] == [("session", rows[2].sid, 3.0)]
-    runs = httpx.get(f"{server.url}/api/v1/runs", headers=owner.headers).json()["runs"]
-    assert {r["name"]: r["episodes"] for r in runs} == {"grpo-ledger": 1, "bob-key": 2}
-    seen += [run.text, json.dumps(runs)]
-    sessions = httpx.get(f"{server.url}/api/v1/sessions?environment=acme/ledger", headers=member.headers)
-    assert sessions.status_code == 200
-    seen.append(sessions.text)
+    seen += _runs(server, owner, member, rows)
     assert [body for body in seen if LEDGER_CANARY in body] == []
 
     # Verified versions: the next version (a changed note, a threshold) replays the team's three
@@ -130,20 +151,11 @@ def test_a_container_environment_keeps_hidden_fields_sealed_splits_runs_and_veri
     assert r.status_code == 202, r.text
     second = wait_built("ledger", 2)
     assert second.status == EnvironmentVersion.Status.READY, second.error
+    # Only files the .dockerignore leaves out changed: the same image, its layers all cached.
+    assert record_read(second.package_path).image == record_read(version.package_path).image
     report = _verification(server, member, 2)
     assert report["status"] == "passed" and report["baseline"] == 1, report
     assert report["agreement"] == 1.0 and report["report"]["episodes"] == 3, report
     assert {t["task"] for t in report["report"]["tasks"]} == {"train/0", "test/1", "test/2"}
     assert _current() == 2
-
-    # Another team reaches none of it: not the environment over either face, not its runs, sessions
-    # or verification.
-    assert httpx.get(f"{url}/schema", headers=outsider.headers).status_code == 404
-    sid = httpx.post(f"{server.url}/create_session", headers=outsider.headers).json()["sid"]
-    created = httpx.post(f"{server.url}/acme/ledger/create", headers={**outsider.headers, "X-Session-ID": sid},
-                         json={"split": "train", "index": 0}, timeout=60)
-    assert created.status_code == 404 and set(created.json()) == {"detail"}, created.text
-    for path in ("/api/v1/runs/grpo-ledger", "/api/v1/environments/acme/ledger/versions/2/verification",
-                 f"/api/v1/sessions/{rows[0].sid}"):
-        r = httpx.get(f"{server.url}{path}", headers=outsider.headers)
-        assert r.status_code == 404 and set(r.json()) == {"detail"}, (path, r.text)
+    _outsider_reaches_nothing(server, outsider, rows[0].sid)
