@@ -15,7 +15,7 @@ from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.catalog.pyenvs import log_path
 from orsplatform.containers.images import record_read
 from orsplatform.episodes.models import Session, ToolCall
-from tests.catalog.support import zip_bytes
+from tests.catalog.support import api, publish, zip_bytes
 from tests.containers.conftest import BUILD_SECONDS, package_files, wait_built
 from tests.e2e.helpers import wait_for
 from tests.fixtures.ors import sse_result
@@ -86,3 +86,18 @@ def test_a_container_gets_its_declared_secrets_only_and_callers_with_other_value
     r = httpx.post(f"{server.url}/{ENV}/create", headers={**outsider.headers, "X-Session-ID": sid,
                                                           **_secrets(ECHO_TOKEN=ONE)}, json={"task_spec": {}})
     assert r.status_code == 404 and set(r.json()) == {"detail"}, r.text
+
+
+def test_a_declared_secret_that_is_no_variable_name_fails_the_build_saying_why(owner, member, outsider,
+                                                                              container_dirs):
+    files = {**package_files("echo_env"), "manifest.toml": 'required_secrets = ["ECHO_TOKEN", "api-key", "PORT"]\n'}
+    # Another team cannot publish into acme, whatever the package.
+    assert publish(outsider, "echo", "echo.zip", zip_bytes(files), team="acme").status_code == 404
+    r = publish(owner, "echo", "echo.zip", zip_bytes(files))  # the build runs in the request (eager Celery)
+    assert r.status_code == 202, r.content
+    version = wait_built("echo")
+    assert version.status == EnvironmentVersion.Status.FAILED and version.error.startswith("manifest: "), version.error
+    assert "'api-key', 'PORT'" in version.error and "environment variables" in version.error
+    assert record_read(version.package_path) is None  # nothing was built
+    page = api(member).get("/api/v1/environments/acme/echo/versions/1")
+    assert page.status_code == 200 and page.json()["status"] == "failed"
