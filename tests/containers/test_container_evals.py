@@ -22,7 +22,10 @@ EVAL_SECONDS = 300  # the run's first episode starts the version's container
 
 
 def test_an_evaluation_runs_a_container_environments_sealed_split_and_sends_the_agent_no_hidden_value(
-        owner, outsider, agents, container_dirs):  # noqa: F811 - the imported fixture
+        owner, outsider, agents, container_dirs, settings):  # noqa: F811 - the imported fixture
+    # No spare: the gateway here is this process's, which outlives the test (a spare would be started
+    # after it, with its database gone, and dropped at the process's exit).
+    settings.ORS_CONTAINER_WARM_VERSIONS = 0
     r = publish(owner, "ledger", "ledger.zip", zip_bytes(faces_package()))
     assert r.status_code == 202, r.content
     version = wait_built("ledger")

@@ -10,6 +10,7 @@ import base64
 import json
 
 import httpx
+from openenv.core.generic_client import GenericEnvClient
 
 from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.catalog.pyenvs import log_path
@@ -68,13 +69,16 @@ def test_a_container_gets_its_declared_secrets_only_and_callers_with_other_value
                                                                                    plain["container"])
     _, again = _episode(server, owner, _secrets(ECHO_TOKEN=ONE))
     assert again == first
+    # Over OpenEnv, the reset's secrets: the same caller and value, the same container.
+    with GenericEnvClient(base_url=f"{server.url}/openenv/{ENV}", headers=owner.headers).sync() as env:
+        assert env.reset(secrets={"ECHO_TOKEN": ONE}).observation == first
 
     # No value in the containers' configuration, nor in anything the platform stored.
     running = container_engine.run("ps", "-q", "--filter", "label=ors.container").stdout.decode().split()
     assert len(running) >= 3, running
     inspected = container_engine.run("inspect", *running).stdout.decode()
     assert all(value not in inspected for value in (ONE, TWO, UNDECLARED))
-    wait_for(lambda: Session.objects.filter(version=version, ended_at__isnull=False).count() == 4, timeout=30)
+    wait_for(lambda: Session.objects.filter(version=version, ended_at__isnull=False).count() == 5, timeout=30)
     stored = json.dumps([list(Session.objects.filter(version=version).values()),
                          list(ToolCall.objects.filter(session__version=version).values())], default=str)
     assert all(value not in stored for value in (ONE, TWO, UNDECLARED)) and "[redacted]" in stored
