@@ -23,6 +23,9 @@ class ImageRecord:
     port: int = 8000
     layers: list[dict] = field(default_factory=list)  # [{"id", "size", "created_by"}], newest first
     size: int = 0
+    # The manifest's required_secrets: the names of a session's secrets the image's server gets as
+    # environment variables (worker.py; the values never touch the record, the engine or a disk).
+    secrets: list[str] = field(default_factory=list)
 
 
 def record_path(package_dir: str | Path) -> Path:
@@ -53,7 +56,7 @@ def record_read(package_dir: str | Path) -> ImageRecord | None:
     try:
         return ImageRecord(image=str(data["image"]), tag=str(data["tag"]), command=[str(a) for a in data["command"]],
                            port=int(data.get("port") or 8000), layers=list(data.get("layers") or []),
-                           size=int(data.get("size") or 0))
+                           size=int(data.get("size") or 0), secrets=[str(n) for n in data.get("secrets") or []])
     except (KeyError, TypeError, ValueError):
         return None
 

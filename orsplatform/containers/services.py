@@ -9,6 +9,7 @@ package (images.py) tells every pool how to start it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from orsplatform.sandbox.registry_proxy import index_origins
 
 REPOSITORY = "ors-env"
 APP_TARGET = re.compile(r"([A-Za-z_][\w.]*):([A-Za-z_]\w*)")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_LAYERS = 200
 
 
@@ -96,6 +98,7 @@ def _engine() -> Engine:
 
 def image_build(*, package_dir: Path, content_hash: str, log: Callable[[str], None]) -> ImageRecord:
     """The package's image, built (or found: the same content was built before) and recorded."""
+    declared = declared_secrets(package_dir)
     engine = _engine()
     tag = image_tag(content_hash)
     proxy = _proxy()
@@ -113,12 +116,27 @@ def image_build(*, package_dir: Path, content_hash: str, log: Callable[[str], No
         raise ContainerBuildFailed(str(exc), check="image") from None
     except RuntimeError as exc:  # a local base could not be made
         raise ContainerBuildFailed(str(exc), check="image") from None
-    record = describe(engine, image=image, tag=tag, package_dir=package_dir)
+    record = dataclasses.replace(describe(engine, image=image, tag=tag, package_dir=package_dir), secrets=declared)
     if settings.ORS_CONTAINER_ARCHIVES:
         _archive(engine, record, package_dir, log)
     record_write(package_dir, record)
     log(f"[platform] image {image[:19]}: {len(record.layers)} layers, {record.size / 1e6:.1f} MB")
     return record
+
+
+def declared_secrets(package_dir: Path) -> list[str]:
+    """The manifest's ``required_secrets``: the secrets of a session the image's server receives, as
+    environment variables of its process (worker.py), so each must be a variable's name."""
+    from orsplatform.catalog.publishing import read_manifest
+
+    names = [str(n) for n in read_manifest(Path(package_dir)).get("required_secrets") or []]
+    wrong = [n for n in names if not ENV_NAME.fullmatch(n) or n == "PORT"]
+    if wrong:
+        raise ContainerBuildFailed(f"required_secrets {', '.join(repr(n) for n in wrong)[:300]}: a container "
+                                   "environment's server receives its secrets as environment variables, so each "
+                                   "name must be one (letters, digits and _, not starting with a digit; PORT is "
+                                   "the platform's).", check="manifest")
+    return sorted(set(names))
 
 
 def _archive(engine: Engine, record: ImageRecord, package_dir: Path, log: Callable[[str], None]) -> None:

@@ -7,6 +7,12 @@ pair's memory, CPU, process and open-file limits, no capabilities beyond Docker'
 new privileges, and none of the platform's variables or secrets. Its process is the shim
 (inside/shim.py, bound read-only at /.ors) speaking the worker protocol on stdio; the author's
 server runs beside it on the container's own loopback. Killing the worker removes the container.
+
+Secrets: the server gets those of the manifest's ``required_secrets`` the session sent, as
+environment variables of its process, and no other. They go to the shim in the first frame on its
+stdin (never as ``docker run -e``, which ``docker inspect`` shows, never on a disk), and the pool
+keys the container by them (pool.py), so callers with other values get other containers. No
+session's secrets go into a container in its setup frames.
 """
 
 from __future__ import annotations
@@ -18,14 +24,17 @@ import logging
 import secrets
 import subprocess
 import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from orsplatform.containers import engine as engines
 from orsplatform.containers.images import ImageRecord, archive_path, record_path, record_read
 from orsplatform.containers.limits import container_limits
 from orsplatform.containers.runtime import RUNTIME_NAME
 from orsplatform.sandbox.config import Limits
-from orsplatform.sandbox.supervised import MAX_FRAME, Worker, WorkerGone
+from orsplatform.sandbox.redact import redact, secret_values
+from orsplatform.sandbox.supervised import HEADER, MAX_FRAME, Worker, WorkerGone
 
 log = logging.getLogger("orsplatform.containers")
 INSIDE = Path(__file__).with_name("inside")
@@ -56,8 +65,10 @@ def worker_class(package_dir: str) -> type[Worker]:
     return ContainerWorker if is_container(package_dir) else Worker
 
 
-def run_argv(engine: engines.Engine, record: ImageRecord, limits: Limits, name: str, cpus: float) -> list[str]:
-    spec = {"command": record.command, "port": record.port, "start_seconds": START_SECONDS}
+def run_argv(engine: engines.Engine, record: ImageRecord, limits: Limits, name: str, cpus: float,
+             environ: bool = False) -> list[str]:
+    # `environ`: the shim reads the server's secrets from its first frame before it starts it.
+    spec = {"command": record.command, "port": record.port, "start_seconds": START_SECONDS, "environ": environ}
     memory = str(limits.memory_bytes)
     return engine.argv(
         "run", "--rm", "-i", "--name", name, "--runtime", RUNTIME_NAME, "--network", "none",
@@ -100,6 +111,17 @@ def ensure_image(engine: engines.Engine, record: ImageRecord, package_dir: str) 
 class ContainerWorker(Worker):
     name: str = ""
 
+    @classmethod
+    def start_secrets(cls, package_dir: str, secrets: Mapping[str, str]) -> dict[str, str]:
+        """The session's secrets its manifest declares (required_secrets): the server's environment."""
+        record = record_read(package_dir) if secrets else None
+        return {name: secrets[name] for name in record.secrets if name in secrets} if record else {}
+
+    async def request(self, op: str, timeout: float | None = None, lazy: bool = False, **fields: Any) -> Any:
+        # The shim has no use for a session's secrets: they stay out of the tenant's sandbox.
+        fields.pop("secrets", None)
+        return await super().request(op, timeout, lazy, **fields)
+
     async def spawn(self, package_dir: str, limits: Limits) -> None:
         sized = container_limits(package_dir)  # the container's own defaults and maxima, not a worker's
         self._limits = limits = sized.limits
@@ -116,10 +138,13 @@ class ContainerWorker(Worker):
         except ImageMissing as exc:
             raise WorkerGone(f"The environment {self.label} cannot start on this node: {exc}") from None
         self.name = f"ors-{secrets.token_hex(8)}"
-        argv = run_argv(engine, record, limits, self.name, sized.cpus)
+        argv = run_argv(engine, record, limits, self.name, sized.cpus, environ=bool(self.environ))
         self.proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             limit=MAX_FRAME, env=engine.env(), start_new_session=True, close_fds=True)
+        if self.environ:
+            body = json.dumps({"environ": self.environ}).encode()
+            self.proc.stdin.write(HEADER.pack(len(body)) + body)  # type: ignore[union-attr]
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         self._reader = asyncio.create_task(self._read())
@@ -129,7 +154,8 @@ class ContainerWorker(Worker):
                 await asyncio.shield(self._ready)
         except (TimeoutError, WorkerGone) as exc:
             self.kill("it did not start in time" if isinstance(exc, TimeoutError) else None)
-            detail = "; ".join(self._stderr)[-2000:]
+            # What the server printed: it may hold the secrets it was started with.
+            detail = redact("; ".join(self._stderr)[-2000:], secret_values(self.environ))
             raise WorkerGone(f"The container for environment {self.label} could not start"
                              f"{': ' + detail if detail else ''}.") from None
 

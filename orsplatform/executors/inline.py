@@ -157,7 +157,7 @@ class InlineExecutor(Executor):
         try:
             live.worker = await self.pool.acquire(sid=spec.sid, package_dir=spec.package_path,
                                                   team=spec.owner.get("team"), caller=spec.owner.get("caller"),
-                                                  label=label)
+                                                  label=label, secrets=spec.secrets)
             first = await live.worker.request("setup", sid=spec.sid, entrypoint=spec.entrypoint,
                                               task_spec=spec.task_spec, secrets=dict(spec.secrets), first=True)
             live.first = first if isinstance(first, dict) else None
@@ -174,7 +174,7 @@ class InlineExecutor(Executor):
         except ReplyTooLarge as exc:
             live.error = str(exc)
         except (WorkerGone, PermissionError) as exc:
-            live.error = str(exc)
+            live.error = redact(str(exc), live.secrets)
         except Exception as exc:  # e.g. the task spec cannot be encoded
             live.error = redact(f"{type(exc).__name__}: {exc}", live.secrets)
         finally:

@@ -136,9 +136,12 @@ class ResetData(BaseModel):
         return {k: v if isinstance(v, str) else v.value for k, v in (self.secrets or {}).items()}
 
     def reset_kwargs(self) -> dict[str, Any]:
-        """What an OpenEnv-SDK environment's ``reset`` is called with: every key but the task
-        selection and the secrets (``seed``, ``episode_id`` and the environment's own)."""
-        return self.model_dump(mode="json", exclude_unset=True, exclude={"task_spec", "split", "index", "secrets"})
+        """What an OpenEnv-SDK environment's ``reset`` (or a container's server) is called with: every
+        key but the task selection, the secrets and the run, which are the platform's (``seed``,
+        ``episode_id`` and the environment's own). The run was sent to the server and recorded in the
+        episode's task, so a task named by reset arguments differed by the run it was played in."""
+        return self.model_dump(mode="json", exclude_unset=True,
+                               exclude={"task_spec", "split", "index", "task_index", "secrets", "run"})
 
 
 class ListToolsAction(BaseModel):

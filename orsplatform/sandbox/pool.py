@@ -17,9 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import json
 import logging
+import secrets as random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from orsplatform.sandbox.config import Limits, SandboxConfig
@@ -38,6 +41,13 @@ from orsplatform.sandbox.supervised import (
 __all__ = ["CallTimedOut", "SandboxPool", "Worker", "WorkerError", "WorkerGone"]
 log = logging.getLogger("orsplatform.sandbox")
 SPARE_RETRY_SECONDS = 300.0  # a spare that failed to start is tried again after this long
+# Keys the digest of the secrets a worker starts with: the pool's keys hold no value a dump of this
+# process's memory could test guesses against offline (the values themselves stay with the sessions).
+_DIGEST_KEY = random.token_bytes(32)
+
+
+def secrets_digest(values: Mapping[str, str]) -> str:
+    return hashlib.blake2b(json.dumps(sorted(values.items())).encode(), key=_DIGEST_KEY, digest_size=16).hexdigest()
 
 
 class SandboxPool:
@@ -97,14 +107,18 @@ class SandboxPool:
     def spares(self) -> dict[str, Worker]:
         return dict(self._spares)
 
-    async def acquire(self, *, sid: str, package_dir: str, team: Any, label: str, caller: Any = None) -> Worker:
+    async def acquire(self, *, sid: str, package_dir: str, team: Any, label: str, caller: Any = None,
+                      secrets: Mapping[str, str] | None = None) -> Worker:
         """A live worker of (package, team, caller) with room for the session (started if needed).
         `caller` (the API key) keeps one caller's processes from another's sessions: a child left
         by one key's session, killed when its worker's last session ends, could otherwise live on
-        into another key's session of the same team on a busy worker."""
+        into another key's session of the same team on a busy worker. A worker started with some of
+        the session's `secrets` (a container's declared ones) serves only sessions with the same
+        values: they are part of its key, and no spare (started with none) stands in for it."""
         if self._janitor is None or self._janitor.done():
             self._janitor = asyncio.create_task(self._janitor_loop())
-        key = (package_dir, team, caller)
+        start = self.worker_class(package_dir).start_secrets(package_dir, secrets or {})
+        key = (package_dir, team, caller, secrets_digest(start)) if start else (package_dir, team, caller)
         limits = self.limits(package_dir)  # PermissionError: the manifest asks for what is refused
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -112,7 +126,8 @@ class SandboxPool:
             cap = self.config.sessions_per_worker
             roomy = [w for w in workers if len(w.sessions) < cap]
             spawning = self._spawning.get(key)
-            if not workers and spawning is None and (spare := await self._spare_for(key, package_dir, label)):
+            if not workers and spawning is None and not start and (
+                    spare := await self._spare_for(key, package_dir, label)):
                 worker = spare
             elif roomy:
                 worker = min(roomy, key=lambda w: len(w.sessions))
@@ -121,7 +136,7 @@ class SandboxPool:
                 # onto the running ones by up to a quarter of the cap (a start takes a second or
                 # two, which every new session of the pair would otherwise wait for); only a pair
                 # with no worker, or past the overflow, waits for the start.
-                spawning = self._spawn(key, package_dir, limits, label, len(workers) + 1)
+                spawning = self._spawn(key, package_dir, limits, label, len(workers) + 1, start)
                 overflow = [w for w in workers if len(w.sessions) < cap + cap // 4]
                 worker = min(overflow, key=lambda w: len(w.sessions)) if overflow else await asyncio.shield(spawning)
             elif spawning is not None:
@@ -133,17 +148,20 @@ class SandboxPool:
                     and all(len(w.sessions) + 1 >= cap - cap // 4 for w in roomy)):
                 # A warm spare: a busy pair's next worker starts while this one still has room, so
                 # the session that fills it does not wait for a start (a second under gVisor).
-                self._spawn(key, package_dir, limits, label, len(workers) + 1)
+                self._spawn(key, package_dir, limits, label, len(workers) + 1, start)
             worker.sessions.add(sid)
             worker.idle_since = None
             return worker
 
-    def _spawn(self, key: tuple, package_dir: str, limits: Limits, label: str, nth: int) -> asyncio.Task:
-        spawning = self._spawning[key] = asyncio.create_task(self._start_worker(key, package_dir, limits, label, nth))
+    def _spawn(self, key: tuple, package_dir: str, limits: Limits, label: str, nth: int,
+               start: dict[str, str]) -> asyncio.Task:
+        spawning = self._spawning[key] = asyncio.create_task(
+            self._start_worker(key, package_dir, limits, label, nth, start))
         spawning.add_done_callback(_consume)  # a failed start is reported to whoever awaits it
         return spawning
 
-    async def _start_worker(self, key: tuple, package_dir: str, limits: Limits, label: str, nth: int) -> Worker:
+    async def _start_worker(self, key: tuple, package_dir: str, limits: Limits, label: str, nth: int,
+                            start: dict[str, str]) -> Worker:
         try:
             wait = self.backoff(key)
             if wait:
@@ -153,6 +171,7 @@ class SandboxPool:
             worker = self.worker_class(package_dir)(key, label, self.config)
             worker.on_death = self.on_lost
             worker.on_fault = functools.partial(self._faulted, key)
+            worker.environ = start
             await worker.spawn(package_dir, limits)
             # Idle from when it can take a session, not from before its start (a second or two):
             # else the janitor could retire it as idle before the session it was started for is

@@ -17,7 +17,7 @@ import os
 import signal
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -101,10 +101,17 @@ class Worker:
         # Told (sessions, reason) when the worker ends with sessions in it (runner nodes record it).
         self.on_death: Callable[[list[str], str], None] | None = None
         self.on_fault: Callable[[], None] | None = None
+        self.environ: dict[str, str] = {}  # the secrets it starts with (start_secrets), set by the pool
 
     @property
     def alive(self) -> bool:
         return self.dead is None
+
+    @classmethod
+    def start_secrets(cls, package_dir: str, secrets: Mapping[str, str]) -> dict[str, str]:
+        """Those of a session's secrets the worker is started with (so they key the pool's worker):
+        none for a Python worker, whose environments get a session's secrets at its setup."""
+        return {}
 
     async def spawn(self, package_dir: str, limits: Limits) -> None:
         self._limits = limits

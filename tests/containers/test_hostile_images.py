@@ -23,8 +23,7 @@ from orsplatform.containers import services as container_services
 from orsplatform.containers.images import archive_path, record_read
 from orsplatform.containers.services import images_collect_unused
 from tests.catalog.support import zip_bytes
-from tests.containers.conftest import package_files
-from tests.containers.test_openenv_images import BUILD_SECONDS, _wait_built
+from tests.containers.conftest import BUILD_SECONDS, package_files, wait_built
 from tests.e2e.helpers import wait_for
 from tests.fixtures.ors import parse_sse, sse_result
 
@@ -70,7 +69,7 @@ def hostile(servers, owner, container_dirs):
     r = httpx.post(f"{server.url}/api/v1/environments/{ENV}/versions", headers=owner.headers,
                    files={"package": ("hostile.zip", zip_bytes(package_files("hostile_env")))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
-    version = _wait_built("hostile")
+    version = wait_built("hostile")
     assert version.status == EnvironmentVersion.Status.READY, (version.error, log_path(version.id).read_text()[-3000:])
     return server, version
 
@@ -154,7 +153,7 @@ def test_a_build_that_reaches_past_the_registries_is_refused(servers, owner, con
     r = httpx.post(f"{server.url}/api/v1/environments/acme/reach/versions", headers=owner.headers,
                    files={"package": ("reach.zip", zip_bytes(files))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
-    version = _wait_built("reach")
+    version = wait_built("reach")
     assert version.status == EnvironmentVersion.Status.FAILED
     assert version.error.startswith("image:"), version.error
     build_log = log_path(version.id).read_text()

@@ -17,7 +17,7 @@ from orsplatform.containers.images import record_read
 from orsplatform.episodes.models import ToolCall
 from tests.catalog import openenv_packages
 from tests.catalog.support import zip_bytes
-from tests.containers.test_openenv_images import BUILD_SECONDS, _wait_built
+from tests.containers.conftest import BUILD_SECONDS, wait_built
 from tests.e2e.helpers import wait_for
 
 TEMPLATE_DOCKERFILE = """\
@@ -46,7 +46,7 @@ def test_an_mcp_environment_in_openenvs_template_image_plays_its_tools(servers, 
     r = httpx.post(f"{server.url}/api/v1/environments/acme/tally/versions", headers=owner.headers,
                    files={"package": ("tally.zip", zip_bytes(files))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
-    version = _wait_built("tally")
+    version = wait_built("tally")
     build_log = log_path(version.id).read_text()
     assert version.status == EnvironmentVersion.Status.READY, (version.error, build_log[-3000:])
     # The distribution the package declares, in the image's own virtualenv (not the platform's openenv).

@@ -18,22 +18,8 @@ from orsplatform.catalog.pyenvs import log_path
 from orsplatform.containers.images import record_read
 from orsplatform.episodes.models import Session, ToolCall
 from tests.catalog.support import login, zip_bytes
-from tests.containers.conftest import package_files
+from tests.containers.conftest import BUILD_SECONDS, package_files, wait_built
 from tests.e2e.helpers import wait_for
-
-BUILD_SECONDS = 900  # a fresh machine debootstraps the base and installs openenv with Gradio
-
-
-def _version(slug: str, number: int = 1) -> EnvironmentVersion:
-    # The team too: another test's committed environment may share the slug under another team.
-    return EnvironmentVersion.objects.get(environment__team__slug="acme", environment__slug=slug, number=number)
-
-
-def _wait_built(slug: str) -> EnvironmentVersion:
-    wait_for(lambda: EnvironmentVersion.objects.filter(
-        environment__team__slug="acme", environment__slug=slug).exclude(
-        status=EnvironmentVersion.Status.BUILDING).exists(), timeout=BUILD_SECONDS, what="the build")
-    return _version(slug)
 
 
 def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_ors(
@@ -42,7 +28,7 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     r = httpx.post(f"{server.url}/api/v1/environments/acme/ledger/versions", headers=owner.headers,
                    files={"package": ("ledger.zip", zip_bytes(package_files("ledger_env")))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
-    version = _wait_built("ledger")
+    version = wait_built("ledger")
     build_log = log_path(version.id).read_text()
     assert version.status == EnvironmentVersion.Status.READY, (version.error, build_log[-3000:])
     assert "ignoring '# syntax=docker/dockerfile:1'" in build_log and "[platform] ready: acme/ledger@1" in build_log
@@ -72,7 +58,7 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     # The built version has a started container before its first session (containers/warm.py)...
     [spare] = wait_for(running, timeout=120, what="the version's spare container")
     with GenericEnvClient(base_url=url, headers=owner.headers).sync() as env:
-        first = env.reset(start=3)
+        first = env.reset(start=3, run="ledger-run")
         observation = first.observation
         # ...which the first session takes (below), and the next spare starts behind it.
         wait_for(lambda: len(running()) == 2, timeout=60, what="the next spare")
@@ -106,6 +92,9 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
     calls = list(ToolCall.objects.filter(session__version=version).order_by("started_at")
                  .values_list("session__protocol", "name", "reward", "finished"))
     assert calls == [("openenv", "step", 7.0, False), ("openenv", "step", 12.0, True), ("ors", "step", 10.0, True)]
+    # The reset's own arguments are the task; the run it names is the platform's, not the server's.
+    assert list(Session.objects.filter(version=version, protocol="openenv").values_list("task_spec", "run_name")) == [
+        ({"start": 3}, "ledger-run")]
 
 
 def test_a_container_environments_hidden_task_fields_reach_its_server_and_no_trainer(
@@ -116,7 +105,7 @@ def test_a_container_environments_hidden_task_fields_reach_its_server_and_no_tra
     r = httpx.post(f"{server.url}/api/v1/environments/acme/quiet/versions", headers=owner.headers,
                    files={"package": ("quiet.zip", zip_bytes(files))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
-    version = _wait_built("quiet")
+    version = wait_built("quiet")
     assert version.status == EnvironmentVersion.Status.READY, (version.error, log_path(version.id).read_text()[-3000:])
     assert [(s["name"], s["type"]) for s in version.splits] == [("train", "train")]
 

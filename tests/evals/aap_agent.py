@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MATH_DIR = ROOT / "envs" / "math"
 
 AGENTS = ["solver", "asker", "juggler", "silent", "looper", "http500", "http429", "http400", "malformed", "confused",
-          "truncated", "endless", "slow", "sluggish"]
+          "truncated", "endless", "slow", "sluggish", "stepper"]
 SLUGGISH_SECONDS = 1.0
 ALL_STREAMS = {"delta": {}, "message": {}, "none": {}}
 
@@ -130,6 +130,11 @@ def script(session: dict, messages: list[dict]) -> list[tuple[str, dict]]:
             return [("thinking", {"thinking": f"The question asks: {question[:40]}"}),
                     ("text", {"text": f"My answer is {answer}."}),
                     ("tool_call", {"toolCallId": call, "name": "submit", "input": {"answer": answer}}),
+                    ("turn_stop", {"stopReason": "tool_use"})]
+        return [("text", {"text": "Done."}), ("turn_stop", {"stopReason": "end_turn"})]
+    if name == "stepper":  # an OpenEnv step environment's one tool (tests/containers: the ledger)
+        if session["turns"] == 1:
+            return [("tool_call", {"toolCallId": call, "name": "step", "input": {"amount": 10, "note": "eval"}}),
                     ("turn_stop", {"stopReason": "tool_use"})]
         return [("text", {"text": "Done."}), ("turn_stop", {"stopReason": "end_turn"})]
     if name == "asker":

@@ -120,10 +120,11 @@ class Shim:
         self.schema: dict = {}
         self.kind = "step"
 
-    async def start(self) -> None:
+    async def start(self, environ: dict | None = None) -> None:
+        """Start the server; `environ`: the session's declared secrets, as variables of its process."""
         if not self.command:
             raise SystemExit("The image has no command (CMD or ENTRYPOINT) to start its server with.")
-        env = dict(os.environ, PORT=str(self.port))
+        env = dict(os.environ, **(environ or {}), PORT=str(self.port))
         self.server = await asyncio.create_subprocess_exec(
             *self.command, stdin=asyncio.subprocess.DEVNULL, stdout=2, stderr=2, env=env)
         deadline = time.monotonic() + self.start_seconds
@@ -337,12 +338,25 @@ async def serve(shim: Shim, reader: asyncio.StreamReader, writer: asyncio.WriteT
         task.add_done_callback(tasks.discard)
 
 
+async def read_environ(reader: asyncio.StreamReader) -> dict:
+    """The first frame, when the spec says one comes: the server's secrets (sent on stdin, so that
+    neither the container's configuration nor its command line holds them)."""
+    try:
+        (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+        environ = json.loads(await reader.readexactly(size)).get("environ")
+    except (asyncio.IncompleteReadError, ValueError, AttributeError):
+        raise SystemExit("The platform sent no environment for the server.") from None
+    if not isinstance(environ, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in environ.items()):
+        raise SystemExit("The platform sent a malformed environment for the server.")
+    return environ
+
+
 async def main_async(spec: dict, fd_in: int, fd_out: int) -> None:
     loop = asyncio.get_running_loop()
     shim = Shim(spec)
-    await shim.start()
     reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd_in, "rb", 0))
+    await shim.start(await read_environ(reader) if spec.get("environ") else None)
     writer, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(fd_out, "wb", 0))
     try:
         await serve(shim, reader, writer)
