@@ -32,10 +32,24 @@ def runsc_global_flags() -> list[str]:
     return gvisor.runsc_global_flags()
 
 
+NETWORK_STACKS = {"gvisor": "--network=none", "host": "--network=host"}
+
+
+def network_flag() -> str:
+    """How a container's loopback (the shim speaking to the author's server; the container has no
+    other network either way: Docker gives it an empty network namespace) is served:
+    ``gvisor`` (default), gVisor's own network stack in the sandbox, so no network system call
+    reaches the host kernel; ``host``, the host kernel's stack inside that empty namespace, through
+    the sandbox: less gVisor work per message (docs/containers.md has the figures), more of the
+    host kernel within the tenant's reach. ORS_CONTAINER_NETWORK_STACK."""
+    return NETWORK_STACKS.get(os.environ.get("ORS_CONTAINER_NETWORK_STACK", "").strip() or "gvisor",
+                              NETWORK_STACKS["gvisor"])
+
+
 def runtime_args() -> list[str]:
-    """What the engine passes runsc for every container: the shared flags, no network, the image's
-    root behind an overlay in memory."""
-    return [*runsc_global_flags(), "--network=none", "--overlay2=root:memory"]
+    """What the engine passes runsc for every container: the shared flags, the loopback's stack
+    (network_flag), the image's root behind an overlay in memory."""
+    return [*runsc_global_flags(), network_flag(), "--overlay2=root:memory"]
 
 
 def daemon_runtimes() -> dict:
