@@ -13,7 +13,7 @@ from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.catalog.pyenvs import log_path
 from orsplatform.containers import build_limits
 from tests.catalog.support import zip_bytes
-from tests.containers.test_openenv_images import BUILD_SECONDS, _wait_built
+from tests.containers.conftest import BUILD_SECONDS, wait_built
 
 LIMITS = {"ORS_IMAGE_BUILD_MEMORY_MB": "256", "ORS_IMAGE_BUILD_PROCESSES": "64", "ORS_IMAGE_BUILD_DISK_MB": "300"}
 # Each step prints a marker computed when it runs, so the log shows whether it got that far, and a
@@ -29,7 +29,7 @@ def _publish(server, owner, slug: str, step: str) -> EnvironmentVersion:
     r = httpx.post(f"{server.url}/api/v1/environments/acme/{slug}/versions", headers=owner.headers,
                    files={"package": (f"{slug}.zip", zip_bytes(files))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
-    return _wait_built(slug)
+    return wait_built(slug)
 
 
 @pytest.fixture
