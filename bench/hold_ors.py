@@ -6,7 +6,8 @@
 The ORS counterpart of ``bench/openenv_compare.py --hold``. A platform is started here (uvicorn with
 the perimeter's protocol, as ``make run``; API keys on, every call in the audit log), then
 ``--hold N`` sessions are opened against it at ``--ramp`` per second: ``create_session`` (SSE),
-``create`` on a task of wordle's test split and ``prompt``, each request on a connection of its
+``create`` on a task of wordle's test split and ``prompt`` (a ``503`` "still starting" waited out
+and retried, as the openreward client does, each wait counted in ``starting_waits``), each request on a connection of its
 own (a session's requests are seconds apart, past what a keep-alive pool would keep: see Held). Once all are open they are held for ``--duration`` seconds: each calls a tool every
 ``--step-every`` seconds (a ``guess`` of an invalid word, which uses no turn: a real, recorded call
 over SSE that never ends the game) and pings every ``--ping`` seconds (as the ORS client does),
@@ -61,6 +62,7 @@ except ImportError:  # pragma: no cover
 
 ENV = "wordle"
 TEST_TASKS = 80  # wordle's test split
+STARTING_SECONDS = 300.0
 GUESS = orjson.dumps({"name": "guess", "input": {"word": "zz"}})
 
 
@@ -81,6 +83,7 @@ class Held:
         self.http = LeanConnection(base_url, keep_alive=keep_alive, timeout=timeout)
         self.headers = {"Content-Type": "application/json", "X-API-Key": api_key}
         self.sid = ""
+        self.starting_waits = 0
 
     async def _sse(self, path: str, body: bytes) -> list[tuple[str, str]]:
         headers = {**self.headers, "Accept": "text/event-stream"}
@@ -108,7 +111,19 @@ class Held:
         if not self.sid:
             raise HoldFailed("create_session: no task_id event")
         await self._json("POST", "/create", orjson.dumps({"env_name": ENV, "split": "test", "index": index}))
-        await self._json("GET", f"/{ENV}/prompt", None)
+        # A 503 "still starting" (X-Backend-State: starting, Retry-After: 2) is the wire's "wait":
+        # the openreward client rides it out for minutes (shared/ORS_WIRE.md), and so does this one,
+        # counting each wait; any other answer, or starting past STARTING_SECONDS, fails the session.
+        deadline = time.monotonic() + STARTING_SECONDS
+        while True:
+            try:
+                await self._json("GET", f"/{ENV}/prompt", None)
+                return
+            except HoldFailed as exc:
+                if "HTTP 503" not in str(exc) or "still starting" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                self.starting_waits += 1
+                await asyncio.sleep(2.0)
 
     async def call(self) -> None:
         events = await self._sse(f"/{ENV}/call", GUESS)
@@ -128,7 +143,7 @@ class Held:
 
 async def hold(base_url: str, api_key: str, args: argparse.Namespace, server_pid: int | None = None) -> dict[str, Any]:
     stats: dict[str, Any] = {"open_failed": 0, "failed": 0, "ok": 0, "calls": [], "pings": [], "timeline": [],
-                             "errors": {}}
+                             "errors": {}, "starting_waits": 0}
     opened, ready = asyncio.Event(), [0]
     window = {"start": float("inf"), "stop": float("inf")}
 
@@ -152,6 +167,7 @@ async def hold(base_url: str, api_key: str, args: argparse.Namespace, server_pid
                 note(exc)
                 return
             finally:
+                stats["starting_waits"] += held.starting_waits
                 arrived()
             await opened.wait()
             now = time.monotonic()
@@ -205,7 +221,7 @@ async def hold(base_url: str, api_key: str, args: argparse.Namespace, server_pid
         "call_p50_ms": percentile(calls, 50) * 1000, "call_p99_ms": percentile(calls, 99) * 1000,
         "call_max_ms": (calls[-1] * 1000) if calls else float("nan"),
         "pings": len(pings), "ping_p50_ms": percentile(pings, 50) * 1000, "ping_p99_ms": percentile(pings, 99) * 1000,
-        "errors": stats["errors"], "client_cpu_s": time.process_time() - cpu0,
+        "errors": stats["errors"], "starting_waits": stats["starting_waits"], "client_cpu_s": time.process_time() - cpu0,
         "server_cpu_ms_per_call": held_cpu * 1000 / max(len(calls), 1),
         "timeline": {f"{k}s": {"calls": len(v), "p99_ms": round(percentile(sorted(v), 99) * 1000, 1),
                                "max_ms": round(max(v) * 1000, 1)} for k, v in sorted(slices.items())},
@@ -214,7 +230,7 @@ async def hold(base_url: str, api_key: str, args: argparse.Namespace, server_pid
 
 def summary_line(r: dict[str, Any], load: tuple[float, float]) -> str:
     return (f"HOLD ors sessions={r['sessions']} held={r['held_pct']:.1f}% open_failed={r['open_failed']} "
-            f"failed={r['failed']} calls/s={r['calls_per_s']:.0f} call_p50={r['call_p50_ms']:.1f}ms "
+            f"failed={r['failed']} starting_waits={r['starting_waits']} calls/s={r['calls_per_s']:.0f} call_p50={r['call_p50_ms']:.1f}ms "
             f"call_p99={r['call_p99_ms']:.1f}ms call_max={r['call_max_ms']:.1f}ms ping_p50={r['ping_p50_ms']:.1f}ms "
             f"ping_p99={r['ping_p99_ms']:.1f}ms server_cpu={r.get('server_cpu_s', float('nan')):.1f}s "
             f"server_cpu/call={r['server_cpu_ms_per_call']:.2f}ms "
