@@ -267,7 +267,7 @@ def _fold_sessions(rows: list[tuple]) -> tuple[dict, dict, dict]:
     return sessions, buckets, tasks
 
 
-def session_rollup_advance(*, batch_size: int = DEFAULT_SESSION_BATCH) -> RollupProgress:
+def session_rollup_advance(*, batch_size: int | None = None) -> RollupProgress:
     """Fold the next batch of ended sessions into the session rollups, atomically with marking them
     rolled up.
 
@@ -278,6 +278,7 @@ def session_rollup_advance(*, batch_size: int = DEFAULT_SESSION_BATCH) -> Rollup
     in the transaction that adds the sessions to the rollups, so a reader sees each session either
     in the rollups or in the unrolled tail, never both (selectors read both in one snapshot).
     Failed sessions are not folded: the client may still delete them, which ends them."""
+    batch_size = batch_size or DEFAULT_SESSION_BATCH
     with transaction.atomic():
         cursor = _lock_cursor(SESSIONS_CURSOR)
         if cursor is None:
@@ -305,7 +306,7 @@ def session_rollup_advance(*, batch_size: int = DEFAULT_SESSION_BATCH) -> Rollup
     return RollupProgress(folded=len(rows), last_id=cursor.last_id, caught_up=len(rows) < batch_size)
 
 
-def session_rollup_run(*, max_batches: int = 1_000_000, batch_size: int = DEFAULT_SESSION_BATCH) -> int:
+def session_rollup_run(*, max_batches: int = 1_000_000, batch_size: int | None = None) -> int:
     """Fold batches of ended sessions until none is left or max_batches is reached; returns the
     sessions folded."""
     folded = 0
