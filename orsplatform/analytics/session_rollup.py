@@ -250,9 +250,15 @@ def tasks(*, team: Team, c: Cut, target: Q, pass_reward: float, listed: int) -> 
     return count, hardest, easiest
 
 
-def run_rows(*, team: Team, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Per run name: sessions (n), scored, reward_sum, first and last creation time, over all time."""
+def run_rows(*, team: Team, names: list[str] | None) -> dict[str, dict[str, Any]]:
+    """Per run name (`names`, or every named run when None): sessions (n), scored, reward_sum, first
+    and last creation time, over all time."""
     out: dict[str, dict[str, Any]] = {}
+    rolled_rows, live_rows = SessionRollup.objects.filter(team=team), Session.objects.filter(team=team, rolled_up=False)
+    if names is None:
+        rolled_rows, live_rows = rolled_rows.exclude(run_name=""), live_rows.exclude(run_name="")
+    else:
+        rolled_rows, live_rows = rolled_rows.filter(run_name__in=names), live_rows.filter(run_name__in=names)
 
     def add(name: str, n: int, scored: int, reward: float | None, first: datetime, last: datetime) -> None:
         r = out.get(name)
@@ -264,12 +270,12 @@ def run_rows(*, team: Team, names: list[str]) -> dict[str, dict[str, Any]]:
         r["reward_sum"] += reward or 0.0
         r["first"], r["last"] = min(r["first"], first), max(r["last"], last)
 
-    for row in (SessionRollup.objects.filter(team=team, run_name__in=names).values("run_name")
+    for row in (rolled_rows.values("run_name")
                 .annotate(n=Sum("episodes"), s=Sum("scored"), r=Sum("reward_sum"), f=Min("first_created_at"),
                           la=Max("last_created_at"))
                 .values_list("run_name", "n", "s", "r", "f", "la").order_by()):
         add(*row)
-    for row in (Session.objects.filter(team=team, run_name__in=names, rolled_up=False).values("run_name")
+    for row in (live_rows.values("run_name")
                 .annotate(n=Count("id"), s=Count("id", filter=Q(total_reward__isnull=False)),
                           r=Sum("total_reward"), f=Min("created_at"), la=Max("created_at"))
                 .values_list("run_name", "n", "s", "r", "f", "la").order_by()):

@@ -54,7 +54,8 @@ class Session(models.Model):
     # Folded into the analytics session rollup (analytics.services.session_rollup_advance): set in
     # the same transaction that adds the ended session to the rollup, so a page reads the rollup
     # plus exactly the sessions not in it (open, failed, just ended) through the partial index below.
-    rolled_up = models.BooleanField(default=False)
+    # A database default too: the gateway's PostgreSQL writer inserts sessions with its own column list.
+    rolled_up = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         indexes = [
