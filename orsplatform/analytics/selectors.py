@@ -25,7 +25,13 @@ from django.utils import timezone
 from orsplatform.analytics import latency, session_rollup
 from orsplatform.analytics import order as episode_order
 from orsplatform.analytics.filters import Window, environment_q
-from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
+from orsplatform.analytics.models import (
+    TOOL_CALLS_CURSOR,
+    CallRollup,
+    LatencyRollup,
+    RollupCursor,
+    SessionRollup,
+)
 from orsplatform.catalog.hidden import redact
 from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
 from orsplatform.catalog.selectors import task_text
@@ -342,7 +348,43 @@ def _environment_report(*, team: Team, environment: Environment, version: Enviro
         team=team, c=cut, target=target, scored=total.get("scored", 0), ended=total.get("ended", 0),
         lo=min(lows, default=None), hi=max(highs, default=None), longest=longest)
 
-    # Tool calls: counts from the hourly rollup, latency from the daily bucket counts.
+    calls = _tool_figures(team, span, target)
+    splits = session_rollup.splits(team=team, c=cut, target=target, pass_reward=threshold)
+    task_count, hardest, easiest = session_rollup.tasks(team=team, c=cut, target=target, pass_reward=threshold,
+                                                        listed=TASKS_LISTED)
+    _add_task_text(environment, scored, hardest + easiest, sealed_reader=sealed_reader)
+
+    summary = total.summary()
+    return {
+        "environment": environment.full_name,
+        "version": version.number if version else None,
+        "versions": list(EnvironmentVersion.objects.filter(environment=environment).order_by("-number")
+                         .values_list("number", flat=True)),
+        "window": window.as_dict(), "span": span.as_dict(), "pass_reward": threshold,
+        "totals": {
+            "sessions": summary["sessions"], "ended_episodes": total.get("ended", 0),
+            "scored_episodes": summary["scored_episodes"], "mean_reward": summary["mean_reward"],
+            "success_rate": summary["success_rate"],
+            "tool_calls": calls["calls"], "errors": calls["errors"], "error_rate": _ratio(calls["errors"], calls["calls"]),
+            "latency": calls["latency"],
+        },
+        "reward_histogram": reward_histogram,
+        "episode_length_histogram": length_histogram,
+        "per_period": per_period,
+        "per_episode": per_episode,
+        "latency_granularity": calls["latency_granularity"],
+        "latency_per_period": calls["latency_per_period"],
+        "tools": calls["tools"],
+        "splits": splits,
+        "tasks_scored": task_count,
+        "hardest_tasks": hardest,
+        "easiest_tasks": easiest,
+        "rollup": rollup_status(),
+    }
+
+
+def _tool_figures(team: Team, span: Span, target: Q) -> dict[str, Any]:
+    """Tool calls: counts from the hourly rollup, latency from the daily bucket counts."""
     tools = {r["name"]: r for r in _call_rollups(team, span).filter(target).values("name").annotate(
         calls=Sum("calls"), errors=Sum("errors"), timed=Sum("timed_calls"), latency_sum=Sum("latency_ms_sum")).order_by()}
     lat_gran = rollup_granularity(span, "day")
@@ -368,41 +410,9 @@ def _environment_report(*, team: Team, environment: Environment, version: Enviro
             "mean_latency_ms": (r["latency_sum"] / r["timed"]) if r["timed"] else None,
             **latency.percentiles(by_tool.get(name, {})),
         })
-    total_calls = sum(r["calls"] for r in tools.values())
-    total_errors = sum(r["errors"] for r in tools.values())
-
-    splits = session_rollup.splits(team=team, c=cut, target=target, pass_reward=threshold)
-    task_count, hardest, easiest = session_rollup.tasks(team=team, c=cut, target=target, pass_reward=threshold,
-                                                        listed=TASKS_LISTED)
-    _add_task_text(environment, scored, hardest + easiest, sealed_reader=sealed_reader)
-
-    summary = total.summary()
-    return {
-        "environment": environment.full_name,
-        "version": version.number if version else None,
-        "versions": list(EnvironmentVersion.objects.filter(environment=environment).order_by("-number")
-                         .values_list("number", flat=True)),
-        "window": window.as_dict(), "span": span.as_dict(), "pass_reward": threshold,
-        "totals": {
-            "sessions": summary["sessions"], "ended_episodes": total.get("ended", 0),
-            "scored_episodes": summary["scored_episodes"], "mean_reward": summary["mean_reward"],
-            "success_rate": summary["success_rate"],
-            "tool_calls": total_calls, "errors": total_errors, "error_rate": _ratio(total_errors, total_calls),
-            "latency": latency.percentiles(overall),
-        },
-        "reward_histogram": reward_histogram,
-        "episode_length_histogram": length_histogram,
-        "per_period": per_period,
-        "per_episode": per_episode,
-        "latency_granularity": lat_gran,
-        "latency_per_period": latency_per_period,
-        "tools": tool_rows,
-        "splits": splits,
-        "tasks_scored": task_count,
-        "hardest_tasks": hardest,
-        "easiest_tasks": easiest,
-        "rollup": rollup_status(),
-    }
+    return {"tools": tool_rows, "calls": sum(r["calls"] for r in tools.values()),
+            "errors": sum(r["errors"] for r in tools.values()), "latency": latency.percentiles(overall),
+            "latency_granularity": lat_gran, "latency_per_period": latency_per_period}
 
 
 def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: list[dict[str, Any]],
@@ -454,7 +464,11 @@ def open_sessions_exist(*, team: Team, environment: Environment) -> bool:
 
 def environments_for_team(*, team: Team) -> list[Environment]:
     """Environments to offer in filters: the team's own and those its sessions ran on."""
-    used = Session.objects.filter(team=team).values("environment_id").distinct().order_by()
+    # Every session is in the session rollup or not rolled up (the partial index's few rows): two
+    # small reads instead of a pass over the team's sessions.
+    used = {*SessionRollup.objects.filter(team=team).values_list("environment_id", flat=True).distinct().order_by(),
+            *Session.objects.filter(team=team, rolled_up=False).values_list("environment_id", flat=True)
+            .distinct().order_by()}
     return list(Environment.objects.filter(Q(team=team) | Q(id__in=used)).select_related("team")
                 .order_by("team__slug", "slug"))
 
