@@ -151,6 +151,12 @@ def seed(args) -> dict:
                     calls_written += 1
         cursor.execute("SELECT setval(pg_get_serial_sequence('episodes_session', 'id'), %s)", [sessions_written])
         cursor.execute("SELECT setval(pg_get_serial_sequence('episodes_toolcall', 'id'), %s)", [calls_written])
+    # Each run's row, as the gateway writes it with a run's first session (the runs list lists rows).
+    from orsplatform.runs.models import Run
+
+    for team in teams.values():
+        for r in range(8):
+            Run.objects.create(team=team, name=f"run-{r}", first_seen_at=start, last_seen_at=now)
     seed_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     with connection.cursor() as cursor:
@@ -235,6 +241,7 @@ def main() -> int:
             ("page", "environment acme/big@2 (90 days)", "/analytics/acme/environments/acme/big/?version=2&range=90d"),
             ("page", "environment acme/maze (7 days)", "/analytics/acme/environments/acme/maze/?range=7d"),
             ("page", "runs list", "/analytics/acme/runs/"),
+            ("page", "run page (run-1 against run-2)", "/analytics/acme/runs/view/?run=run-1&run=run-2"),
             ("page", "explorer, page 1", "/analytics/acme/sessions/"),
             ("page", "explorer, filtered", "/analytics/acme/sessions/?environment=acme/big&status=deleted&reward_min=0.5"),
             ("page", f"explorer, page {deep:,}", f"/analytics/acme/sessions/?page={deep}"),
