@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Count, F, Max, Min
 from django.utils import timezone
 
 from orsplatform.analytics import latency, session_buckets
@@ -283,8 +283,10 @@ def session_rollup_advance(*, batch_size: int | None = None) -> RollupProgress:
         cursor = _lock_cursor(SESSIONS_CURSOR)
         if cursor is None:
             return RollupProgress(folded=0, last_id=0, caught_up=False)  # another worker is folding
+        # Locked, so a session moved to another run meanwhile (session_run_rename) is either moved
+        # before this fold reads it or after it is rolled up, never in between.
         rows = list(
-            Session.objects.filter(rolled_up=False, status__in=ENDED).order_by("id")
+            Session.objects.select_for_update().filter(rolled_up=False, status__in=ENDED).order_by("id")
             .values_list("id", "team_id", "environment_id", "version_id", "split", "run_name", "api_key_id",
                          "created_at", "total_reward", "calls", "task_index")[:batch_size])
         # Anonymous sessions (no team sees them) are only marked, so they leave the tail's index.
@@ -316,6 +318,49 @@ def session_rollup_run(*, max_batches: int = 1_000_000, batch_size: int | None =
         if progress.folded == 0 or progress.caught_up:
             break
     return folded
+
+
+_FOLDED_FIELDS = ("id", "team_id", "environment_id", "version_id", "split", "run_name", "api_key_id", "created_at",
+                  "total_reward", "calls", "task_index")
+
+
+def session_run_rename(*, pk: int, run_name: str) -> None:
+    """Move a session to another run (runs.services does, when a rollout logged later claims a
+    session that took its key's name), keeping the session rollup right: a rolled-up session's
+    measures leave its old run's row (whose extremes are read again from that row's remaining
+    sessions: one hour of one run, by the (team, run_name, created_at) index) for the new run's."""
+    with transaction.atomic():
+        if Session.objects.filter(pk=pk, rolled_up=False).update(run_name=run_name):
+            return  # not folded yet: the fold will read the new name
+        row = Session.objects.select_for_update().filter(pk=pk).values_list(*_FOLDED_FIELDS).first()
+        if row is None or row[5] == run_name:
+            return
+        Session.objects.filter(pk=pk).update(run_name=run_name)
+        if row[1] is None:
+            return
+        folded, _, _ = _fold_sessions([row])
+        ((old_key, old),) = folded.items()
+        hour = old_key[6]
+        key = dict(zip(("team_id", "environment_id", "version_id", "split", "run_name", "api_key_ref", "hour"),
+                       old_key, strict=True))
+        SessionRollup.objects.filter(**key).update(
+            episodes=F("episodes") - old[0], scored=F("scored") - old[1], passed=F("passed") - old[2],
+            reward_sum=F("reward_sum") - old[3], reward_sq_sum=F("reward_sq_sum") - old[4],
+            calls_sum=F("calls_sum") - old[7])
+        left = Session.objects.filter(
+            team_id=row[1], run_name=row[5], created_at__gte=hour, created_at__lt=hour + timedelta(hours=1),
+            environment_id=row[2], version_id=row[3], split=row[4], rolled_up=True,
+            **({"api_key_id": row[6]} if row[6] else {"api_key__isnull": True}))
+        extremes = left.aggregate(n=Count("id"), reward_min=Min("total_reward"), reward_max=Max("total_reward"),
+                                  calls_max=Max("calls"), first_created_at=Min("created_at"),
+                                  last_created_at=Max("created_at"))
+        if not extremes.pop("n"):
+            SessionRollup.objects.filter(**key).delete()
+        else:
+            SessionRollup.objects.filter(**key).update(**extremes)
+        sessions, _, _ = _fold_sessions([(*row[:5], run_name, *row[6:])])
+        _upsert_adding(SessionRollup, ("team", "environment", "version", "split", "run_name", "api_key_ref", "hour"),
+                       _SESSION_MEASURES, [(*k, *v) for k, v in sessions.items()], combine=_SESSION_COMBINE)
 
 
 def session_rollup_rebuild() -> None:

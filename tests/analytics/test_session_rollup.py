@@ -27,6 +27,7 @@ from tests.analytics.conftest import login
 from tests.analytics.seed import make_environment
 
 ENDED = ("deleted", "expired", "lost")
+RUN_NAMES = ("run-a", "run-b", "", "g", "trainer")
 REWARDS = [0.0, 0.0, 0.1, 0.25, 0.3, 0.5, 0.7, 1.0, 1.0, None]
 
 
@@ -191,7 +192,7 @@ def assert_exact(team, world) -> None:
 
 def exact_runs(team) -> dict:
     out = {}
-    for name in ("run-a", "run-b", "", "g"):
+    for name in RUN_NAMES:
         rows = list(Session.objects.filter(team=team, run_name=name).values_list("total_reward", "created_at"))
         if rows:
             rewards = [r for r, _ in rows if r is not None]
@@ -201,7 +202,7 @@ def exact_runs(team) -> dict:
 
 
 def runs_seen(team) -> dict:
-    found = run_selectors.run_summaries(team=team, names=["run-a", "run-b", "", "g"])
+    found = run_selectors.run_summaries(team=team, names=list(RUN_NAMES))
     return {name: (s.episodes, s.mean_reward, s.first_seen, s.last_seen) for name, s in found.items()}
 
 
@@ -262,6 +263,26 @@ def test_a_rebuild_and_any_batch_size_give_the_same_rollups(world):
     call_command("analytics_rollup", "--rebuild", "--settle", "0", stdout=open("/dev/null", "w"))
     assert _snapshot() == small
     assert differences(figures(world["acme"], world), before) == []
+
+
+def test_a_session_moved_to_another_run_after_its_fold_moves_in_the_rollup(world):
+    services.session_rollup_run()
+    acme = world["acme"]
+    ended = list(Session.objects.filter(team=acme, run_name="run-a", status__in=ENDED).order_by("created_at")
+                 .values_list("pk", flat=True))
+    # A rollout logged later claims these sessions for its run (runs.services links it): rolled-up
+    # ones, one of them the run's first, and one still open.
+    moved = [*ended[:5], ended[-1], world["open"][0]]
+    for pk in moved:
+        services.session_run_rename(pk=pk, run_name="trainer")
+    assert Session.objects.filter(run_name="trainer").count() == len(moved)
+    assert differences(runs_seen(acme), exact_runs(acme)) == []
+    assert_exact(acme, world)
+    services.session_rollup_run()
+    moved_rollup = _snapshot()
+    services.session_rollup_rebuild()
+    services.session_rollup_run()
+    assert _snapshot() == moved_rollup
 
 
 def test_a_session_is_folded_into_its_own_teams_rollup_only(world):
