@@ -196,6 +196,8 @@ ORS_EXECUTOR = env["ORS_EXECUTOR"]
 CELERY_BEAT_SCHEDULE: dict = {
     # Folds new tool calls into the analytics rollups (bounded batches; a backlog re-queues itself).
     "analytics-rollup": {"task": "analytics.rollup_tool_calls", "schedule": 30.0},
+    # Folds ended sessions into the session rollups (the same way).
+    "analytics-session-rollup": {"task": "analytics.rollup_sessions", "schedule": 30.0},
     # Builds whose process died end as failed; Python environments no version uses are removed.
     "collect-pyenvs": {"task": "catalog.collect_pyenvs", "schedule": 600.0},
     # Staged uploads and ingest jobs or builds left by a killed process (bounded batches).

@@ -1,6 +1,5 @@
-"""Rollups of the tool-call audit log. Session-level numbers are read straight from the Session table
-(20x fewer rows than calls, and indexed by team and time); the million-row ToolCall table is folded
-into these small tables by a periodic Celery task so no page ever scans it."""
+"""Rollups of the tool-call audit log and of ended sessions, folded by periodic Celery tasks
+(analytics.services) so no analytics page scans ToolCall or Session over its window."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from orsplatform.catalog.models import Environment, EnvironmentVersion
 from orsplatform.teams.models import Team
 
 TOOL_CALLS_CURSOR = "tool_calls"
+SESSIONS_CURSOR = "sessions"
 
 
 class RollupCursor(models.Model):
@@ -72,3 +72,79 @@ class LatencyRollup(models.Model):
         constraints = [models.UniqueConstraint(
             fields=["team", "environment", "version", "name", "day", "bucket"], name="latencyrollup_key_unique")]
         indexes = [models.Index(fields=["team", "environment", "day"], name="latencyrollup_team_env_day")]
+
+
+class SessionRollup(models.Model):
+    """Ended sessions per team, environment version, split, run, API key and UTC hour of creation
+    (the hour a page counts a session in). Only ended sessions are folded: an ended session's
+    status, reward and calls never change again (episodes.services.sessions_end skips them), so
+    each is added exactly once; open and failed ones are read live (selectors' tail)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="+")
+    version = models.ForeignKey(EnvironmentVersion, on_delete=models.CASCADE, related_name="+")
+    split = models.CharField(max_length=100)
+    run_name = models.CharField(max_length=200)
+    api_key_ref = models.BigIntegerField(default=0)  # 0 for none, as CallRollup
+    hour = models.DateTimeField()
+    episodes = models.PositiveIntegerField(default=0)  # ended sessions
+    scored = models.PositiveIntegerField(default=0)  # ended with a reward
+    passed = models.PositiveIntegerField(default=0)  # scored with reward >= ORS_ANALYTICS_PASS_REWARD
+    reward_sum = models.FloatField(default=0.0)
+    reward_sq_sum = models.FloatField(default=0.0)
+    reward_min = models.FloatField(null=True)
+    reward_max = models.FloatField(null=True)
+    calls_sum = models.BigIntegerField(default=0)
+    calls_max = models.PositiveIntegerField(default=0)
+    first_created_at = models.DateTimeField()
+    last_created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["team", "environment", "version", "split", "run_name", "api_key_ref", "hour"],
+            name="sessionrollup_key_unique")]
+        indexes = [
+            models.Index(fields=["team", "hour"], name="sessionrollup_team_hour"),
+            models.Index(fields=["team", "environment", "hour"], name="sessionrollup_team_env_hour"),
+            models.Index(fields=["team", "run_name"], name="sessionrollup_team_run"),
+        ]
+
+
+class SessionBucketRollup(models.Model):
+    """Histogram counts of ended sessions per team, environment version, UTC hour, kind and fixed
+    bucket (analytics.session_buckets), so reward and episode-length histograms of any window are
+    sums of these rows."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="+")
+    version = models.ForeignKey(EnvironmentVersion, on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+    kind = models.PositiveSmallIntegerField()
+    bucket = models.BigIntegerField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["team", "environment", "version", "hour", "kind", "bucket"], name="sessionbucket_key_unique")]
+        indexes = [models.Index(fields=["team", "environment", "hour"], name="sessionbucket_team_env_hour")]
+
+
+class TaskRollup(models.Model):
+    """Scored episodes per team, environment version, split, task and UTC hour, for the hardest and
+    easiest tasks (a trainer samples a task several times at once, so this is smaller than the
+    sessions it sums)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="+")
+    version = models.ForeignKey(EnvironmentVersion, on_delete=models.CASCADE, related_name="+")
+    split = models.CharField(max_length=100)
+    task_index = models.PositiveIntegerField()
+    hour = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    passed = models.PositiveIntegerField(default=0)
+    reward_sum = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["team", "environment", "version", "split", "task_index", "hour"], name="taskrollup_key_unique")]
+        indexes = [models.Index(fields=["team", "environment", "hour"], name="taskrollup_team_env_hour")]

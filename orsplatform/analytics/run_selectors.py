@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Greatest
 
+from orsplatform.analytics import session_rollup
 from orsplatform.episodes.models import Session
 from orsplatform.runs.models import Run
 from orsplatform.runs.selectors import RunPoint, RunSummary
@@ -24,10 +25,10 @@ def run_summaries(*, team: Team, names: Sequence[str]) -> dict[str, RunSummary]:
     run_summary reads each: a run with at least one rollout or session; a session-only run counts
     even before its row exists. Unknown and empty names are absent."""
     runs = {r.name: r for r in Run.objects.filter(team=team, name__in=list(names))}
-    sessions = {r["run_name"]: r for r in Session.objects.filter(team=team, run_name__in=list(names))
-                .values("run_name").annotate(n=Count("id"), reward_sum=Sum("total_reward"),
-                                             scored=Count("id", filter=Q(total_reward__isnull=False)),
-                                             first=Min("created_at"), last=Max("created_at")).order_by()}
+    # The runs' session counts from the session rollups plus their sessions not rolled up yet: a
+    # run of a million episodes costs its rollup rows, not a million sessions.
+    with session_rollup.one_snapshot():
+        sessions = session_rollup.run_rows(team=team, names=list(names))
     out = {}
     for name in names:
         s = sessions.get(name, {})

@@ -1,10 +1,10 @@
 """Reads of the analytics app. Every function takes the caller's team, and every query starts from
 it, so no page, API endpoint or export can reach another team's sessions.
 
-Session-level numbers (sessions, rewards, pass rates, episode lengths) are aggregated in the database
-over the Session table, whose (team, created_at) and (environment, created_at) indexes bound the
-scan to the window. Tool-call numbers come from the hourly/daily rollups (models.py), never from
-the audit log itself, which is twenty times larger.
+Session-level numbers (sessions, rewards, pass rates, episode lengths, splits, tasks) come from the
+hourly session rollups plus the sessions not rolled up yet (session_rollup.py); tool-call numbers
+from the hourly/daily call rollups (models.py). No page aggregates the Session or ToolCall table
+over its window.
 
 Results are plain dicts and lists (datetimes left as datetimes) so the pages and the REST API
 serve the same numbers.
@@ -12,21 +12,26 @@ serve the same numbers.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Avg, Count, DateTimeField, F, FloatField, Max, Min, Q, QuerySet, Sum, Value
-from django.db.models.functions import Cast, Floor, Trunc
+from django.db.models import DateTimeField, Max, Min, Q, QuerySet, Sum
+from django.db.models.functions import Trunc
 from django.utils import timezone
 
-from orsplatform.analytics import latency
+from orsplatform.analytics import latency, session_rollup
 from orsplatform.analytics import order as episode_order
 from orsplatform.analytics.filters import Window, environment_q
-from orsplatform.analytics.models import TOOL_CALLS_CURSOR, CallRollup, LatencyRollup, RollupCursor
+from orsplatform.analytics.models import (
+    TOOL_CALLS_CURSOR,
+    CallRollup,
+    LatencyRollup,
+    RollupCursor,
+    SessionRollup,
+)
 from orsplatform.catalog.hidden import redact
 from orsplatform.catalog.models import Environment, EnvironmentVersion, Split, Task
 from orsplatform.catalog.selectors import task_text
@@ -37,7 +42,6 @@ ENDED = (Session.Status.DELETED, Session.Status.EXPIRED, Session.Status.LOST)
 OPEN = (Session.Status.CREATING, Session.Status.READY)
 TOP_ENVIRONMENTS = 10
 TASKS_LISTED = 10
-REWARD_BINS = 10
 
 
 def pass_reward() -> float:
@@ -205,23 +209,6 @@ def _call_rollups(team: Team, span: Span) -> QuerySet[CallRollup]:
     return CallRollup.objects.filter(team=team, hour__gte=floor_to(span.count_start, "hour"), hour__lt=span.count_end)
 
 
-def _scored_q() -> Q:
-    return Q(status__in=ENDED, total_reward__isnull=False)
-
-
-def _session_aggregates() -> dict[str, Any]:
-    """Per group: sessions, ended and scored episodes, passes and the reward sum (means and rates
-    are derived after groups are added up, so they stay exact)."""
-    scored = _scored_q()
-    return {
-        "n": Count("id"),
-        "ended": Count("id", filter=Q(status__in=ENDED)),
-        "scored": Count("id", filter=scored),
-        "passed": Count("id", filter=scored & Q(total_reward__gte=pass_reward())),
-        "reward_sum": Sum("total_reward", filter=scored),
-    }
-
-
 class _Tally(dict):
     """Adds up grouped rows; missing measures count as zero."""
 
@@ -243,34 +230,6 @@ SESSION_FIELDS = ("n", "ended", "scored", "passed", "reward_sum")
 CALL_FIELDS = ("calls", "errors")
 
 
-def _histogram(qs: QuerySet, field: str, *, count: int, lo: float | None, hi: float | None,
-               integer: bool = False) -> list[dict[str, Any]]:
-    """Equal-width bins over the field's values (count, lo and hi already known), counted in the
-    database. Rewards within [0, 1] get the fixed bins 0–0.1 … 0.9–1 so charts of different
-    environments compare; integers (episode lengths) get one bin per value up to 30."""
-    if not count or lo is None or hi is None:
-        return []
-    lo, hi = float(lo), float(hi)
-    if integer:
-        lo = 0.0
-        width = 1.0 if hi <= 30 else float(math.ceil((hi + 1) / 20))
-        bins = int(hi // width) + 1
-    elif lo >= 0 and hi <= 1:
-        lo, width, bins = 0.0, 1 / REWARD_BINS, REWARD_BINS
-    elif lo == hi:
-        return [{"lo": lo, "hi": hi, "count": count}]
-    else:
-        width, bins = (hi - lo) / REWARD_BINS, REWARD_BINS
-    # The epsilon keeps values that sit on an edge (0.3 / 0.1 = 2.9999999999999996) in the bin
-    # that the edge opens, as a reader of the axis expects.
-    index = Floor((Cast(F(field), FloatField()) - Value(lo)) / Value(width) + Value(1e-9))
-    counts = [0] * bins
-    for row in qs.annotate(bin=index).values("bin").annotate(c=Count("id")).order_by():
-        counts[min(bins - 1, max(0, int(row["bin"])))] += row["c"]
-    edge = (lambda i: lo + i * width) if not integer else (lambda i: int(lo + i * width))
-    return [{"lo": round(edge(i), 10), "hi": round(edge(i + 1), 10), "count": c} for i, c in enumerate(counts)]
-
-
 def _environment_names(ids: set[int]) -> dict[int, str]:
     return {e.id: e.full_name for e in Environment.objects.filter(id__in=ids).select_related("team")}
 
@@ -278,12 +237,18 @@ def _environment_names(ids: set[int]) -> dict[int, str]:
 # --- overview --------------------------------------------------------------------------------------
 
 def overview(*, team: Team, window: Window) -> dict[str, Any]:
+    with session_rollup.one_snapshot():
+        return _overview(team=team, window=window)
+
+
+def _overview(*, team: Team, window: Window) -> dict[str, Any]:
     span = resolve_span(team=team, window=window)
     gran = span.granularity
-    # Two passes in all: the window's sessions and its tool-call rollups, each grouped by time
-    # bucket, environment and API key; every table and chart is a sum over those groups.
-    session_rows = _sessions(team, span).annotate(t=_trunc("created_at", gran)).values(
-        "t", "environment_id", "api_key_id").annotate(**_session_aggregates()).order_by()
+    # Two reads in all: the window's session measures (rollups plus the sessions not rolled up)
+    # and its tool-call rollups, each grouped by time bucket, environment and API key; every table
+    # and chart is a sum over those groups.
+    session_rows = session_rollup.overview_rows(team=team, c=session_rollup.cut(span.start, span.end, gran),
+                                                granularity=gran, pass_reward=pass_reward())
     call_gran = rollup_granularity(span, "hour")
     call_rows = _call_rollups(team, span).annotate(t=_trunc("hour", call_gran)).values(
         "t", "environment_id", "api_key_ref").annotate(calls=Sum("calls"), errors=Sum("errors")).order_by()
@@ -291,7 +256,7 @@ def overview(*, team: Team, window: Window) -> dict[str, Any]:
     total, by_t, by_env, by_key = _Tally(), defaultdict(_Tally), defaultdict(_Tally), defaultdict(_Tally)
     calls_t: dict[datetime, _Tally] = defaultdict(_Tally)
     for row in session_rows:
-        for tally in (total, by_t[_key(row["t"])], by_env[row["environment_id"]], by_key[row["api_key_id"] or 0]):
+        for tally in (total, by_t[_key(row["t"])], by_env[row["environment_id"]], by_key[row["key"]]):
             tally.add(row, SESSION_FIELDS)
     for row in call_rows:
         for tally in (total, calls_t[_key(row["t"])], by_env[row["environment_id"]], by_key[row["api_key_ref"]]):
@@ -339,20 +304,24 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
     """The environment's numbers from the team's sessions. `sealed_reader`: the team whose sealed
     splits' specs the viewer reads (catalog/hidden.py: a publish key's team, a publisher's on the
     web), for the listed tasks' text."""
+    with session_rollup.one_snapshot():
+        return _environment_report(team=team, environment=environment, version=version, window=window,
+                                   sealed_reader=sealed_reader)
+
+
+def _environment_report(*, team: Team, environment: Environment, version: EnvironmentVersion | None,
+                        window: Window, sealed_reader: int | None) -> dict[str, Any]:
     span = resolve_span(team=team, window=window)
     gran = span.granularity
     target = environment_q(environment, version)
-    sessions = _sessions(team, span).filter(target)
-    ended = sessions.filter(status__in=ENDED)
-    scored = ended.filter(total_reward__isnull=False)
+    scored = _sessions(team, span).filter(target).filter(status__in=ENDED, total_reward__isnull=False)
     threshold = pass_reward()
-    passed_q = Q(total_reward__gte=threshold)
-    scored_q = _scored_q()
+    cut = session_rollup.cut(span.start, span.end, gran)
 
-    # One grouped pass for the time series, the totals and the histograms' ranges.
-    per_t = {_key(r["t"]): r for r in sessions.annotate(t=_trunc("created_at", gran)).values("t").annotate(
-        **_session_aggregates(), reward_min=Min("total_reward", filter=scored_q),
-        reward_max=Max("total_reward", filter=scored_q), calls_max=Max("calls", filter=Q(status__in=ENDED))).order_by()}
+    # One grouped read (rollups plus the sessions not in them) for the time series, the totals and
+    # the histograms' ranges.
+    per_t = session_rollup.merge_period_rows(session_rollup.environment_period_rows(
+        team=team, c=cut, target=target, granularity=gran, pass_reward=threshold), key=_key)
     total = _Tally()
     for row in per_t.values():
         total.add(row, SESSION_FIELDS)
@@ -367,15 +336,55 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
                            "success_rate": _ratio(r["passed"], n) if n else None})
 
     # 200 episodes inside a minute fill one time bucket: the reward and pass-rate charts then go by
-    # episode order instead, so they still draw a line (analytics/order.py).
+    # episode order instead, so they still draw a line (analytics/order.py). Only then are the
+    # episodes read one by one: fewer than three buckets hold them all.
     per_episode: list[dict[str, Any]] = []
     if episode_order.wants_episode_order(buckets_with_data=sum(1 for p in per_period if p["episodes"]),
                                  episodes=total.get("scored", 0)):
         per_episode = episode_order.group_in_order(
             scored.order_by("created_at", "id").values_list("total_reward", flat=True).iterator(chunk_size=5000),
             pass_reward=threshold)
+    reward_histogram, length_histogram = session_rollup.histograms(
+        team=team, c=cut, target=target, scored=total.get("scored", 0), ended=total.get("ended", 0),
+        lo=min(lows, default=None), hi=max(highs, default=None), longest=longest)
 
-    # Tool calls: counts from the hourly rollup, latency from the daily bucket counts.
+    calls = _tool_figures(team, span, target)
+    splits = session_rollup.splits(team=team, c=cut, target=target, pass_reward=threshold)
+    task_count, hardest, easiest = session_rollup.tasks(team=team, c=cut, target=target, pass_reward=threshold,
+                                                        listed=TASKS_LISTED)
+    _add_task_text(environment, scored, hardest + easiest, sealed_reader=sealed_reader)
+
+    summary = total.summary()
+    return {
+        "environment": environment.full_name,
+        "version": version.number if version else None,
+        "versions": list(EnvironmentVersion.objects.filter(environment=environment).order_by("-number")
+                         .values_list("number", flat=True)),
+        "window": window.as_dict(), "span": span.as_dict(), "pass_reward": threshold,
+        "totals": {
+            "sessions": summary["sessions"], "ended_episodes": total.get("ended", 0),
+            "scored_episodes": summary["scored_episodes"], "mean_reward": summary["mean_reward"],
+            "success_rate": summary["success_rate"],
+            "tool_calls": calls["calls"], "errors": calls["errors"], "error_rate": _ratio(calls["errors"], calls["calls"]),
+            "latency": calls["latency"],
+        },
+        "reward_histogram": reward_histogram,
+        "episode_length_histogram": length_histogram,
+        "per_period": per_period,
+        "per_episode": per_episode,
+        "latency_granularity": calls["latency_granularity"],
+        "latency_per_period": calls["latency_per_period"],
+        "tools": calls["tools"],
+        "splits": splits,
+        "tasks_scored": task_count,
+        "hardest_tasks": hardest,
+        "easiest_tasks": easiest,
+        "rollup": rollup_status(),
+    }
+
+
+def _tool_figures(team: Team, span: Span, target: Q) -> dict[str, Any]:
+    """Tool calls: counts from the hourly rollup, latency from the daily bucket counts."""
     tools = {r["name"]: r for r in _call_rollups(team, span).filter(target).values("name").annotate(
         calls=Sum("calls"), errors=Sum("errors"), timed=Sum("timed_calls"), latency_sum=Sum("latency_ms_sum")).order_by()}
     lat_gran = rollup_granularity(span, "day")
@@ -401,57 +410,9 @@ def environment_report(*, team: Team, environment: Environment, version: Environ
             "mean_latency_ms": (r["latency_sum"] / r["timed"]) if r["timed"] else None,
             **latency.percentiles(by_tool.get(name, {})),
         })
-    total_calls = sum(r["calls"] for r in tools.values())
-    total_errors = sum(r["errors"] for r in tools.values())
-
-    splits = [
-        {"split": r["split"], "episodes": r["n"], "passed": r["passed"], "pass_rate": _ratio(r["passed"], r["n"]),
-         "mean_reward": r["mean"]}
-        for r in scored.values("split").annotate(n=Count("id"), passed=Count("id", filter=passed_q),
-                                                 mean=Avg("total_reward")).order_by("split")
-    ]
-    tasks = (scored.filter(task_index__isnull=False).values("split", "task_index")
-             .annotate(attempts=Count("id"), passed=Count("id", filter=passed_q), mean_reward=Avg("total_reward"))
-             .annotate(pass_rate=Cast(F("passed"), FloatField()) / Cast(F("attempts"), FloatField())))
-    # With few tasks the two lists split them (the harder half, the easier half) instead of both
-    # listing every task in opposite orders. The easiest order is the exact reverse of the hardest,
-    # so the two halves never share a task.
-    task_count = tasks.count()
-    order = ("pass_rate", "mean_reward", "-attempts", "split", "task_index")
-    hardest = list(tasks.order_by(*order)[:min(TASKS_LISTED, math.ceil(task_count / 2))])
-    easiest = list(tasks.order_by(*(o[1:] if o.startswith("-") else "-" + o for o in order))[
-        :min(TASKS_LISTED, task_count // 2)])
-    _add_task_text(environment, scored, hardest + easiest, sealed_reader=sealed_reader)
-
-    summary = total.summary()
-    return {
-        "environment": environment.full_name,
-        "version": version.number if version else None,
-        "versions": list(EnvironmentVersion.objects.filter(environment=environment).order_by("-number")
-                         .values_list("number", flat=True)),
-        "window": window.as_dict(), "span": span.as_dict(), "pass_reward": threshold,
-        "totals": {
-            "sessions": summary["sessions"], "ended_episodes": total.get("ended", 0),
-            "scored_episodes": summary["scored_episodes"], "mean_reward": summary["mean_reward"],
-            "success_rate": summary["success_rate"],
-            "tool_calls": total_calls, "errors": total_errors, "error_rate": _ratio(total_errors, total_calls),
-            "latency": latency.percentiles(overall),
-        },
-        "reward_histogram": _histogram(scored, "total_reward", count=total.get("scored", 0),
-                                       lo=min(lows, default=None), hi=max(highs, default=None)),
-        "episode_length_histogram": _histogram(ended, "calls", count=total.get("ended", 0), lo=0, hi=longest,
-                                               integer=True),
-        "per_period": per_period,
-        "per_episode": per_episode,
-        "latency_granularity": lat_gran,
-        "latency_per_period": latency_per_period,
-        "tools": tool_rows,
-        "splits": splits,
-        "tasks_scored": task_count,
-        "hardest_tasks": hardest,
-        "easiest_tasks": easiest,
-        "rollup": rollup_status(),
-    }
+    return {"tools": tool_rows, "calls": sum(r["calls"] for r in tools.values()),
+            "errors": sum(r["errors"] for r in tools.values()), "latency": latency.percentiles(overall),
+            "latency_granularity": lat_gran, "latency_per_period": latency_per_period}
 
 
 def _add_task_text(environment: Environment, sessions: QuerySet[Session], rows: list[dict[str, Any]],
@@ -503,7 +464,11 @@ def open_sessions_exist(*, team: Team, environment: Environment) -> bool:
 
 def environments_for_team(*, team: Team) -> list[Environment]:
     """Environments to offer in filters: the team's own and those its sessions ran on."""
-    used = Session.objects.filter(team=team).values("environment_id").distinct().order_by()
+    # Every session is in the session rollup or not rolled up (the partial index's few rows): two
+    # small reads instead of a pass over the team's sessions.
+    used = {*SessionRollup.objects.filter(team=team).values_list("environment_id", flat=True).distinct().order_by(),
+            *Session.objects.filter(team=team, rolled_up=False).values_list("environment_id", flat=True)
+            .distinct().order_by()}
     return list(Environment.objects.filter(Q(team=team) | Q(id__in=used)).select_related("team")
                 .order_by("team__slug", "slug"))
 

@@ -25,3 +25,20 @@ def rollup_tool_calls(max_batches: int = 10, requeue: bool = True) -> int:
     if requeue:
         transaction.on_commit(lambda: rollup_tool_calls.delay(max_batches=max_batches, requeue=True))
     return folded
+
+
+@app.task(name="analytics.rollup_sessions", ignore_result=True)
+def rollup_sessions(max_batches: int = 10, requeue: bool = True) -> int:
+    """Fold ended sessions into the session rollups in bounded batches (beat runs this every 30 s),
+    re-queueing itself while a backlog (a fresh install, a rebuild) is left."""
+    from orsplatform.analytics.services import session_rollup_advance
+
+    folded = 0
+    for _ in range(max_batches):
+        progress = session_rollup_advance()
+        folded += progress.folded
+        if progress.caught_up or progress.folded == 0:
+            return folded
+    if requeue:
+        transaction.on_commit(lambda: rollup_sessions.delay(max_batches=max_batches, requeue=True))
+    return folded

@@ -51,9 +51,16 @@ class Session(models.Model):
     # The training run this episode belongs to (runs.Run.name within the team): X-Run header, a
     # `run` field in /create or OpenEnv reset, else the API key's name. See docs/runs.md.
     run_name = models.CharField(max_length=200, blank=True, default="")
+    # Folded into the analytics session rollup (analytics.services.session_rollup_advance): set in
+    # the same transaction that adds the ended session to the rollup, so a page reads the rollup
+    # plus exactly the sessions not in it (open, failed, just ended) through the partial index below.
+    # A database default too: the gateway's PostgreSQL writer inserts sessions with its own column list.
+    rolled_up = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         indexes = [
+            models.Index(fields=["team", "created_at"], condition=models.Q(rolled_up=False),
+                         name="session_unrolled_team_created"),
             models.Index(fields=["team", "created_at"]),
             models.Index(fields=["team", "run_name", "created_at"]),
             models.Index(fields=["environment", "created_at"]),

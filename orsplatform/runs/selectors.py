@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max, Min, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 
+from orsplatform.analytics import session_rollup
 from orsplatform.analytics.selectors import pass_reward
 from orsplatform.auditlog.selectors import calls_of_sessions
 from orsplatform.episodes.models import Session, ToolCall
@@ -62,12 +62,13 @@ class Trajectory:
     tool_calls: list[ToolCall] = field(default_factory=list)
 
 
-def _session_scored_mean(team: Team) -> dict[str, tuple[int, float, int, datetime, datetime]]:
-    rows = (Session.objects.filter(team=team).exclude(run_name="").values("run_name")
-            .annotate(n=Count("id"), reward_sum=Sum("total_reward"),
-                      scored=Count("id", filter=Q(total_reward__isnull=False)),
-                      first=Min("created_at"), last=Max("created_at")))
-    return {r["run_name"]: (r["n"], r["reward_sum"] or 0.0, r["scored"], r["first"], r["last"]) for r in rows}
+def _session_scored_mean(team: Team, names: list[str] | None = None) -> dict[str, tuple[int, float, int, datetime, datetime]]:
+    """Per run: sessions, reward sum, scored sessions, first and last start, from the session
+    rollups plus the sessions not rolled up yet (analytics/session_rollup.py), not a scan of the
+    team's sessions."""
+    with session_rollup.one_snapshot():
+        rows = session_rollup.run_rows(team=team, names=names)
+    return {name: (r["n"], r["reward_sum"], r["scored"], r["first"], r["last"]) for name, r in rows.items()}
 
 
 def runs_for_team(*, team: Team, limit: int = 1000) -> list[RunSummary]:
@@ -103,9 +104,8 @@ def run_get(*, team: Team, name: str) -> Run | None:
 def run_summary(*, team: Team, name: str) -> RunSummary | None:
     """A run with at least one episode (else None, like an unknown one)."""
     run = run_get(team=team, name=name)
-    agg = Session.objects.filter(team=team, run_name=name).aggregate(
-        n=Count("id"), reward_sum=Coalesce(Sum("total_reward"), 0.0),
-        scored=Count("id", filter=Q(total_reward__isnull=False)), first=Min("created_at"), last=Max("created_at"))
+    n, reward_sum, scored, first, last = _session_scored_mean(team, [name]).get(name, (0, 0.0, 0, None, None))
+    agg = {"n": n, "reward_sum": reward_sum, "scored": scored, "first": first, "last": last}
     if run is None and agg["n"]:
         run = Run(team=team, name=name, first_seen_at=agg["first"], last_seen_at=agg["last"])
     if run is None or (not run.rollouts and not agg["n"]):

@@ -12,6 +12,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from orsplatform.analytics.services import session_run_rename
 from orsplatform.catalog.models import Environment, EnvironmentVersion
 from orsplatform.catalog.selectors import environment_get_visible, parse_env_ref
 from orsplatform.episodes.models import Session
@@ -285,7 +286,7 @@ class _Ingest:
             run_name_of_rollout = run.name if run else Run.objects.values_list("name", flat=True).get(pk=rollout.run_id)
             # A session that took its key's name by default belongs to the run its rollout names.
             if run_name == self.caller.api_key_name and run_name != run_name_of_rollout:
-                Session.objects.filter(pk=pk).update(run_name=run_name_of_rollout)
+                session_run_rename(pk=pk, run_name=run_name_of_rollout)
 
     def _save(self) -> None:
         for pk in sorted(self.dirty_runs):

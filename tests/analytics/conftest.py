@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from orsplatform.analytics.services import tool_call_rollup_run
+from orsplatform.analytics.services import session_rollup_run, tool_call_rollup_run
 from tests.analytics.seed import Seeded, seed
 
 
@@ -16,9 +16,10 @@ def login(person) -> Client:
 
 @pytest.fixture
 def seeded(owner, outsider) -> Seeded:
-    """The known dataset (seed.py), folded into the rollups."""
+    """The known dataset (seed.py), folded into the rollups (the open session stays out: it is read live)."""
     data = seed(acme=owner.team, globex=outsider.team)
     tool_call_rollup_run(settle=0)
+    session_rollup_run()
     return data
 
 
