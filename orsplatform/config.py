@@ -410,7 +410,8 @@ _num("ORS_CONTAINER_MAX_CPUS", 4.0, "The most CPUs a manifest may ask for.")
 _num("ORS_CONTAINER_OPEN_FILES", 4096, "A container's open files.", minimum=1)
 _add("ORS_CONTAINER_NETWORK_STACK", "choice", "gvisor", "What serves a container's loopback (it has no other "
      "network): `gvisor`, gVisor's own stack; `host`, the host kernel's, in the container's empty network "
-     "namespace (faster; more of the host kernel in reach). The engine reads it when it starts.",
+     "namespace (faster; more of the host kernel in reach). Each is its own engine runtime (`ors-runsc`, "
+     "`ors-runsc-hostnet`).",
      choices=("gvisor", "host"))
 _num("ORS_CONTAINER_WARM_VERSIONS", 4, "Versions that keep a started container (a spare) for their next "
      "first session, on a gateway running its own sessions (0: none; each holds an idle container's memory).")

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orsplatform.containers.runtime import RUNTIME_NAME, daemon_runtimes, runsc_path
+from orsplatform.containers.runtime import daemon_runtimes, runsc_path, runtime_name
 
 START_SECONDS = 60.0
 
@@ -86,7 +86,7 @@ class Engine:
 
     def has_runtime(self) -> bool:
         result = self.run("info", "--format", "{{json .Runtimes}}", timeout=20, check=False)
-        return result.returncode == 0 and RUNTIME_NAME in result.stdout.decode(errors="replace")
+        return result.returncode == 0 and runtime_name() in result.stdout.decode(errors="replace")
 
 
 def containers_dir() -> Path:

@@ -32,28 +32,35 @@ def runsc_global_flags() -> list[str]:
     return gvisor.runsc_global_flags()
 
 
-NETWORK_STACKS = {"gvisor": "--network=none", "host": "--network=host"}
+# One runtime per loopback stack, both registered with the engine, so a setting picks one per
+# container without restarting the engine (and the tests hold both to the same isolation checks).
+NETWORK_STACKS = {"gvisor": (RUNTIME_NAME, "--network=none"), "host": (f"{RUNTIME_NAME}-hostnet", "--network=host")}
 
 
-def network_flag() -> str:
+def network_stack() -> str:
     """How a container's loopback (the shim speaking to the author's server; the container has no
     other network either way: Docker gives it an empty network namespace) is served:
     ``gvisor`` (default), gVisor's own network stack in the sandbox, so no network system call
     reaches the host kernel; ``host``, the host kernel's stack inside that empty namespace, through
     the sandbox: less gVisor work per message (docs/containers.md has the figures), more of the
     host kernel within the tenant's reach. ORS_CONTAINER_NETWORK_STACK."""
-    return NETWORK_STACKS.get(os.environ.get("ORS_CONTAINER_NETWORK_STACK", "").strip() or "gvisor",
-                              NETWORK_STACKS["gvisor"])
+    stack = os.environ.get("ORS_CONTAINER_NETWORK_STACK", "").strip().lower()
+    return stack if stack in NETWORK_STACKS else "gvisor"
 
 
-def runtime_args() -> list[str]:
-    """What the engine passes runsc for every container: the shared flags, the loopback's stack
-    (network_flag), the image's root behind an overlay in memory."""
-    return [*runsc_global_flags(), network_flag(), "--overlay2=root:memory"]
+def runtime_name() -> str:
+    """The engine runtime a container starts under (``docker run --runtime``)."""
+    return NETWORK_STACKS[network_stack()][0]
+
+
+def runtime_args(stack: str = "gvisor") -> list[str]:
+    """What the engine passes runsc for every container of a runtime: the shared flags, the
+    loopback's stack, the image's root behind an overlay in memory."""
+    return [*runsc_global_flags(), NETWORK_STACKS[stack][1], "--overlay2=root:memory"]
 
 
 def daemon_runtimes() -> dict:
     path = runsc_path()
     if path is None:
         return {}
-    return {RUNTIME_NAME: {"path": path, "runtimeArgs": runtime_args()}}
+    return {name: {"path": path, "runtimeArgs": runtime_args(stack)} for stack, (name, _) in NETWORK_STACKS.items()}

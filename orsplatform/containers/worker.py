@@ -31,7 +31,7 @@ from typing import Any
 from orsplatform.containers import engine as engines
 from orsplatform.containers.images import ImageRecord, archive_path, record_path, record_read
 from orsplatform.containers.limits import container_limits
-from orsplatform.containers.runtime import RUNTIME_NAME
+from orsplatform.containers.runtime import runtime_name
 from orsplatform.sandbox.config import Limits
 from orsplatform.sandbox.redact import redact, secret_values
 from orsplatform.sandbox.supervised import HEADER, MAX_FRAME, Worker, WorkerGone
@@ -71,7 +71,7 @@ def run_argv(engine: engines.Engine, record: ImageRecord, limits: Limits, name: 
     spec = {"command": record.command, "port": record.port, "start_seconds": START_SECONDS, "environ": environ}
     memory = str(limits.memory_bytes)
     return engine.argv(
-        "run", "--rm", "-i", "--name", name, "--runtime", RUNTIME_NAME, "--network", "none",
+        "run", "--rm", "-i", "--name", name, "--runtime", runtime_name(), "--network", "none",
         "--memory", memory, "--memory-swap", memory, "--cpus", f"{cpus:g}",
         # The tenant's processes and threads: gVisor enforces RLIMIT_NPROC itself. The host's pids
         # limit is a backstop sized for gVisor's own threads (a sentry's few dozen, and ptrace's
