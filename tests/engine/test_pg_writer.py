@@ -262,6 +262,8 @@ async def test_a_call_is_acknowledged_only_once_its_row_is_visible_to_another_co
                                              (row["task_id"],)))
 
     try:
+        # Its connection opened first: the 200 reads below then share it rather than each open one.
+        assert await reader.fetch_value("SELECT 1", ()) == 1
         await asyncio.gather(*[record(call_row(pk)) for _ in range(200)])
     finally:
         batcher.stop()
