@@ -118,6 +118,15 @@ class PgWriter:
         copied = {i for idx in copies.values() for i in idx}
         rest = [op for i, op in enumerate(ops) if i not in copied]
         results: list[tuple[bool, Any]] = [(True, None)] * len(ops)
+        if len(forms) == 1 and not rest:
+            # The common batch, audit rows alone: one COPY in autocommit is one transaction by
+            # itself, committed (and flushed, synchronous_commit) before its CommandComplete comes
+            # back, without BEGIN's and COMMIT's two more round trips.
+            try:
+                await self._copy(conn, forms[0])
+            except (psycopg.errors.IntegrityError, psycopg.errors.DataError):
+                return None
+            return results
         try:
             async with conn.transaction():
                 for form in forms:

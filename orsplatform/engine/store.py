@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, TypeVar
@@ -131,13 +131,19 @@ class WriteBatcher:
         self._tasks: list[asyncio.Task] = []
 
     async def submit(self, op: Op, **kwargs: Any) -> Any:
-        if not self._tasks or all(t.done() for t in self._tasks):
+        return await self.enqueue(op, kwargs)
+
+    def enqueue(self, op: Op, kwargs: dict) -> asyncio.Future:
+        """The write queued; the future resolves once its batch is committed. For the audit row
+        of every call, which awaits this directly: no coroutine of its own, no kwargs repacked."""
+        # The first flusher's test settles it while they run (a generator over all per call cost more).
+        if not self._tasks or (self._tasks[0].done() and all(t.done() for t in self._tasks)):
             self._wakeup = asyncio.Event()
             self._tasks = [asyncio.create_task(self._flush_forever(n)) for n in range(self._flushers)]
         future = asyncio.get_running_loop().create_future()
         self._queue.append((op, kwargs, future))
         self._wakeup.set()
-        return await future
+        return future
 
     async def _run(self, ops: list[tuple[Op, dict]], pg) -> list[tuple[bool, Any]]:
         if pg is None:
@@ -366,8 +372,9 @@ class Store:
         await self.writes.submit(SESSION_END, pk=pk, status=status, last_activity_at=last_activity_at,
                                  totals=totals, ready_at=ready_at, prompt=prompt)
 
-    async def tool_call_record(self, **kwargs: Any) -> None:
-        await self.writes.submit(TOOL_CALL_RECORD, **kwargs)
+    def tool_call_record(self, **kwargs: Any) -> Awaitable[None]:
+        """Awaitable: done once the call's audit row is committed (the batch's future itself)."""
+        return self.writes.enqueue(TOOL_CALL_RECORD, kwargs)
 
     async def tool_call_result(self, session_pk: int, task_id: str) -> tuple[str, dict | None, str] | None:
         return await self._run(episodes.tool_call_result_get, session_pk=session_pk, task_id=task_id)

@@ -144,6 +144,8 @@ def tool_call_record(**row: Any) -> None:
 
 
 TOOL_CALL_RESULT_FIELDS = ["output", "status", "reward", "finished", "error", "finished_at"]
+# The statuses' text read once: an enum member's .value costs a descriptor call, for every audit row.
+_CALL_OK, _CALL_ERROR = ToolCall.Status.OK.value, ToolCall.Status.ERROR.value
 
 
 def tool_call_fields(row: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +157,7 @@ def tool_call_fields(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "session_id": row["session_pk"], "task_id": row["task_id"], "name": row["name"][:200],
         "input": row["input"], "output": result,
-        "status": (ToolCall.Status.OK if ok else ToolCall.Status.ERROR).value,
+        "status": _CALL_OK if ok else _CALL_ERROR,
         "reward": output.get("reward") if ok else None, "finished": bool(output.get("finished")) if ok else False,
         "error": error[:4000], "started_at": row["started_at"], "finished_at": row["finished_at"],
     }

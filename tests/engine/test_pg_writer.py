@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta, timezone
 from types import SimpleNamespace
 
+import psycopg
 import pytest
 from django.db import IntegrityError
 
 from orsplatform.catalog.models import EnvironmentVersion
 from orsplatform.engine.errors import Unstorable
 from orsplatform.engine.pg_writer import PgWriter
-from orsplatform.episodes import hot_writes
+from orsplatform.engine.store import WriteBatcher
+from orsplatform.episodes import hot_writes, services
 from orsplatform.episodes.models import Session, ToolCall
 from orsplatform.teams.models import ApiKey
 
@@ -185,3 +188,86 @@ def test_a_mixed_batch_with_copied_calls_commits_them_with_its_other_writes(serv
     assert isinstance(results[3][1], int) and Session.objects.using(alias).filter(pk=results[3][1]).exists()
     assert ToolCall.objects.using(alias).filter(session_id=pk).count() == 6
     assert Session.objects.using(alias).get(pk=pk).prompt == [{"type": "text", "text": "1+1?"}]
+
+
+def test_a_batch_of_calls_alone_is_one_copy_and_a_refused_one_is_redone_by_the_insert(
+        server_database, new_session, monkeypatch):
+    # Calls alone go in by one COPY in autocommit (no BEGIN/COMMIT); a COPY the database refuses
+    # committed nothing, and the INSERT form then upserts the row already there and fails the bad one.
+    alias = server_database.alias
+    pk = run(PgWriter(alias), [(hot_writes.SESSION_CREATE, new_session())])[0][1]
+    swept = call_row(pk)
+    swept["result"], swept["exception"] = None, "Runner lost."
+    run(PgWriter(alias), [(hot_writes.TOOL_CALL_RECORD, swept)])
+    copies = []
+    copy = PgWriter._copy
+
+    async def spy(conn, form):
+        copies.append(conn.info.transaction_status)
+        await copy(conn, form)
+
+    monkeypatch.setattr(PgWriter, "_copy", staticmethod(spy))
+    fresh = [call_row(pk) for _ in range(5)]
+    assert run(PgWriter(alias), [(hot_writes.TOOL_CALL_RECORD, r) for r in fresh]) == [(True, None)] * 5
+    assert copies == [psycopg.pq.TransactionStatus.IDLE]  # not inside a transaction of its own making
+    assert ToolCall.objects.using(alias).filter(session_id=pk).count() == 6
+
+    again = dict(swept, result=call_row(pk)["result"], exception="")
+    more = [call_row(pk) for _ in range(4)]
+    nul = call_row(pk, name="sub\x00mit")
+    results = run(PgWriter(alias), [(hot_writes.TOOL_CALL_RECORD, r) for r in [again, *more, nul]])
+    assert [ok for ok, _ in results] == [True] * 5 + [False]
+    assert isinstance(results[5][1], Unstorable)
+    assert ToolCall.objects.using(alias).get(task_id=swept["task_id"]).status == ToolCall.Status.OK
+    assert ToolCall.objects.using(alias).filter(session_id=pk).count() == 10
+
+
+def test_the_audit_rows_copy_text_is_the_generic_copy_forms_byte_for_byte():
+    # The written-out encoder of the audit row against copy_form's per-column one: naive, UTC and
+    # other-zone times, whole seconds, a missing finish, integer and missing rewards, escapes.
+    base = datetime(2026, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
+    rows = []
+    for n in range(40):
+        row = tricky_row(n + 1, n)
+        row["started_at"] = base + timedelta(microseconds=n)
+        row["finished_at"] = (base + timedelta(seconds=n)).replace(microsecond=0) if n % 3 else None
+        if n % 5 == 0:
+            row["started_at"] = row["started_at"].astimezone(timezone(timedelta(hours=-3)))
+        if n % 7 == 0:
+            row["started_at"] = row["started_at"].replace(tzinfo=None)
+        if n % 4 == 0 and row["result"]["ok"]:
+            row["result"]["output"]["reward"] = n
+        rows.append(row)
+    fields = [services.tool_call_fields(r) for r in rows]
+    assert hot_writes.TOOL_CALL_RECORD.copy(rows) == hot_writes.copy_form(ToolCall, fields)
+
+
+async def test_a_call_is_acknowledged_only_once_its_row_is_visible_to_another_connection(
+        server_database, new_session):
+    # The group commit's contract on PostgreSQL: each call's future resolves after the commit of
+    # its batch, so a row acknowledged is already in the table for any other connection.
+    from asgiref.sync import sync_to_async
+
+    alias = server_database.alias
+    writers = [PgWriter(alias), PgWriter(alias)]
+    pk = (await writers[0].run([(hot_writes.SESSION_CREATE, await sync_to_async(new_session)())]))[0][1]
+    pool = ThreadPoolExecutor(max_workers=1)
+    batcher = WriteBatcher(pool, flushers=1, pg_writers=writers)
+    reader = PgWriter(alias)
+    seen = []
+
+    async def record(row: dict) -> None:
+        await batcher.enqueue(hot_writes.TOOL_CALL_RECORD, row)
+        seen.append(await reader.fetch_value("SELECT count(*) FROM episodes_toolcall WHERE task_id = %s",
+                                             (row["task_id"],)))
+
+    try:
+        # Its connection opened first: the 200 reads below then share it rather than each open one.
+        assert await reader.fetch_value("SELECT 1", ()) == 1
+        await asyncio.gather(*[record(call_row(pk)) for _ in range(200)])
+    finally:
+        batcher.stop()
+        await batcher.aclose()
+        await reader.close()
+        pool.shutdown()
+    assert seen == [1] * 200
