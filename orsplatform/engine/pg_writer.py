@@ -11,6 +11,7 @@ threads.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -45,8 +46,19 @@ class PgWriter:
     def __init__(self, alias: str = "default") -> None:
         self._alias = alias
         self._conn: psycopg.AsyncConnection | None = None
+        # One connection however many coroutines ask at once: on a cold gateway under load every
+        # reader and the writer would otherwise each open one (and all but the last leak).
+        self._opening: asyncio.Lock | None = None
 
     async def _connection(self) -> psycopg.AsyncConnection:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:
+            return await self._open()
+
+    async def _open(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed:
             # The database as Django sees it now (tests rename it to the test database),
             # with its libpq options too (DATABASE_URL's ?connect_timeout=, ?sslmode=, ...), as

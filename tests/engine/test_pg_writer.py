@@ -271,3 +271,17 @@ async def test_a_call_is_acknowledged_only_once_its_row_is_visible_to_another_co
         await reader.close()
         pool.shutdown()
     assert seen == [1] * 200
+
+
+def test_many_readers_at_once_on_a_cold_writer_share_one_connection(server_database):
+    """A cold gateway under load: every coroutine asks before the connection exists."""
+    writer = PgWriter(server_database.alias)
+
+    async def go() -> set:
+        try:
+            pids = await asyncio.gather(*[writer.fetch_value("SELECT pg_backend_pid()", ()) for _ in range(40)])
+            return set(pids)
+        finally:
+            await writer.close()
+
+    assert len(asyncio.run(go())) == 1
