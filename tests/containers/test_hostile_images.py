@@ -21,6 +21,7 @@ from orsplatform.catalog.pyenvs import log_path
 from orsplatform.catalog.services import environment_delete
 from orsplatform.containers import services as container_services
 from orsplatform.containers.images import archive_path, record_read
+from orsplatform.containers.runtime import NETWORK_STACKS
 from orsplatform.containers.services import images_collect_unused
 from tests.catalog.support import zip_bytes
 from tests.containers.conftest import BUILD_SECONDS, package_files, wait_built
@@ -63,9 +64,16 @@ def _probe(server, person, sid: str, probe: str, arg: str = "", n: int = 0) -> d
 
 
 @pytest.fixture
-def hostile(servers, owner, container_dirs):
+def network_stack() -> str:
+    """What serves the container's loopback (ORS_CONTAINER_NETWORK_STACK); a test may parametrize it."""
+    return "gvisor"
+
+
+@pytest.fixture
+def hostile(servers, owner, container_dirs, network_stack):
     # No spares (containers/warm.py): these tests count, kill and unload the version's containers.
-    server = servers(**container_dirs, ORS_SANDBOX_IDLE_SECONDS="600", ORS_CONTAINER_WARM_VERSIONS="0")
+    server = servers(**container_dirs, ORS_SANDBOX_IDLE_SECONDS="600", ORS_CONTAINER_WARM_VERSIONS="0",
+                     ORS_CONTAINER_NETWORK_STACK=network_stack)
     r = httpx.post(f"{server.url}/api/v1/environments/{ENV}/versions", headers=owner.headers,
                    files={"package": ("hostile.zip", zip_bytes(package_files("hostile_env")))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
@@ -74,9 +82,18 @@ def hostile(servers, owner, container_dirs):
     return server, version
 
 
-def test_a_hostile_image_reaches_nothing_outside_its_container(hostile, owner, outsider, container_engine):
+# Under either loopback stack: the host kernel's (an operator's choice, docs/containers.md) must
+# leave the container as unreachable and as contained as gVisor's own.
+@pytest.mark.parametrize("network_stack", ["gvisor", "host"])
+def test_a_hostile_image_reaches_nothing_outside_its_container(hostile, owner, outsider, container_engine,
+                                                               network_stack):
     server, version = hostile
     sid = _session(server, outsider)  # a public environment, played by another team
+    image = record_read(version.package_path).image
+    ids = container_engine.run("ps", "-q", "--filter", "label=ors.container", "--filter", f"ancestor={image}").stdout
+    runtimes = {container_engine.run("inspect", "--format", "{{.HostConfig.Runtime}}", i).stdout.decode().strip()
+                for i in ids.decode().split()}
+    assert NETWORK_STACKS[network_stack][0] in runtimes, runtimes  # the stack asked for is the one serving
     host_files = f"{os.getcwd()}/orsplatform/settings.py,{version.package_path}/manifest.toml,/var/run/docker.sock"
     read = _probe(server, outsider, sid, "read", host_files + ",/proc/1/cmdline")
     for path in host_files.split(","):
