@@ -1,5 +1,5 @@
-"""The threads a sandbox worker runs sync environment code in (ToolThreads), and its hop from the
-event loop to them and back.
+"""The threads a sandbox worker runs sync environment code in (ToolThreads): its hop from the event
+loop to them and back.
 
 Imported by the worker inside its sandbox (bound there by binding.py): standard library only.
 """
