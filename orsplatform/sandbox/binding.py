@@ -1,6 +1,6 @@
 """The platform's own code inside a sandbox: the few Django-free modules a sandboxed process runs
-(the worker, the publish-time inspector, the prompt renderer, and the rules they share: the
-package loader and the redaction), bound read-only under /ors/lib at their dotted names.
+(the worker and its parts, the publish-time inspector, the prompt renderer, and the rules they
+share: the package loader and the redaction), bound read-only under /ors/lib at their dotted names.
 
 One copy of each rule: the worker imports the loader and the redaction the gateway uses, rather
 than keeping copies of its own (they had drifted). Parent packages get this package's own
@@ -24,7 +24,10 @@ LOADER = "orsplatform.sandbox.loader"
 REDACTION = "orsplatform.sandbox.redact"
 OPENENV_HOST = f"{PACKAGE}.openenv_host"
 # What each kind of sandboxed process runs, besides the package.
-WORKER_MODULES = (f"{PACKAGE}.worker", OPENENV_HOST, LOADER, REDACTION)
+# The worker (worker.py) and its parts: a part left out here fails the worker's import in a sandbox.
+WORKER_PARTS = (f"{PACKAGE}.worker_errors", f"{PACKAGE}.worker_host", f"{PACKAGE}.worker_sdks",
+                f"{PACKAGE}.worker_strays", f"{PACKAGE}.worker_threads")
+WORKER_MODULES = (f"{PACKAGE}.worker", *WORKER_PARTS, OPENENV_HOST, LOADER, REDACTION)
 CHILD_MODULES = (LOADER, OPENENV_HOST)  # the inspector's and the prompt renderer's
 
 

@@ -49,3 +49,18 @@ def test_every_module_a_sandbox_is_given_exists_and_sits_where_its_name_says():
     targets = binds[2::3]
     assert f"{binding.LIB}/orsplatform/__init__.py" in targets
     assert all(t.startswith(binding.LIB + "/orsplatform/") for t in targets)
+
+
+def test_every_platform_module_the_worker_imports_is_bound_into_its_sandbox():
+    # The worker and its parts (worker_host.py, worker_sdks.py, ...) import each other by name; one
+    # missing from WORKER_MODULES imports outside a sandbox and fails inside one.
+    reached, todo = set(), [f"{binding.PACKAGE}.worker"]
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        todo += [n for n in imported(Path(binding.module_path(name)))
+                 if n.startswith("orsplatform.") and Path(binding.module_path(n)).is_file()]
+    assert {f"{binding.PACKAGE}.worker_host", f"{binding.PACKAGE}.worker_threads"} <= reached
+    assert reached - set(binding.WORKER_MODULES) == set()

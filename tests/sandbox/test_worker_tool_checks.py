@@ -6,7 +6,7 @@ from __future__ import annotations
 from ors import Environment, TextBlock, ToolOutput, tool
 from pydantic import BaseModel
 
-from orsplatform.sandbox.worker import Host
+from orsplatform.sandbox.worker_host import Host
 
 
 class GuessInput(BaseModel):

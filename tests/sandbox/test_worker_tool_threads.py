@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from orsplatform.sandbox.worker import ToolThreads
+from orsplatform.sandbox.worker_threads import ToolThreads
 
 
 def test_sync_calls_run_off_the_loop_and_their_values_come_back_to_each_caller():
