@@ -70,12 +70,23 @@ def network_stack() -> str:
 
 
 @pytest.fixture
-def hostile(servers, owner, container_dirs, network_stack):
+def own_image() -> bool:
+    """Whether the test's package gets an image of its own. A test that kills the image's containers
+    or removes the image must not reach another test's (the same content is one image, shared by the
+    suite's parallel processes): it parametrizes this to True."""
+    return False
+
+
+@pytest.fixture
+def hostile(servers, owner, container_dirs, network_stack, own_image):
     # No spares (containers/warm.py): these tests count, kill and unload the version's containers.
     server = servers(**container_dirs, ORS_SANDBOX_IDLE_SECONDS="600", ORS_CONTAINER_WARM_VERSIONS="0",
                      ORS_CONTAINER_NETWORK_STACK=network_stack)
+    files = package_files("hostile_env")
+    if own_image:  # copied in the image's last layers: the rest comes from the build cache
+        files["server/own-image.txt"] = secrets.token_hex(8).encode()
     r = httpx.post(f"{server.url}/api/v1/environments/{ENV}/versions", headers=owner.headers,
-                   files={"package": ("hostile.zip", zip_bytes(package_files("hostile_env")))}, timeout=BUILD_SECONDS)
+                   files={"package": ("hostile.zip", zip_bytes(files))}, timeout=BUILD_SECONDS)
     assert r.status_code == 202, r.text
     version = wait_built("hostile")
     assert version.status == EnvironmentVersion.Status.READY, (version.error, log_path(version.id).read_text()[-3000:])
@@ -131,7 +142,8 @@ def test_a_hostile_image_reaches_nothing_outside_its_container(hostile, owner, o
     assert _probe(server, owner, other, "sleep", n=0) == {"slept": 0}
 
 
-def test_a_container_killed_mid_call_answers_410_with_the_reason(hostile, owner, container_engine):
+@pytest.mark.parametrize("own_image", [True], ids=["own-image"])
+def test_a_container_killed_mid_call_answers_410_with_the_reason(hostile, owner, container_engine, own_image):
     server, version = hostile
     sid = _session(server, owner)
     image = record_read(version.package_path).image
@@ -180,7 +192,9 @@ def test_a_build_that_reaches_past_the_registries_is_refused(servers, owner, con
     assert "reached-43" not in build_log
 
 
-def test_a_node_without_the_image_loads_it_from_the_archive_the_build_kept(hostile, owner, container_engine):
+@pytest.mark.parametrize("own_image", [True], ids=["own-image"])
+def test_a_node_without_the_image_loads_it_from_the_archive_the_build_kept(hostile, owner, container_engine,
+                                                                          own_image):
     server, version = hostile
     record = record_read(version.package_path)
     # As a build with the celery executor (ORS_CONTAINER_ARCHIVES) leaves it for runner nodes.

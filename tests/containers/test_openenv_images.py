@@ -61,7 +61,8 @@ def test_an_openenv_layout_image_publishes_unchanged_and_plays_over_openenv_and_
         first = env.reset(start=3, run="ledger-run")
         observation = first.observation
         # ...which the first session takes (below), and the next spare starts behind it.
-        wait_for(lambda: len(running()) == 2, timeout=60, what="the next spare")
+        # (Its server imports OpenEnv with Gradio under gVisor: half a minute alone, more beside the suite.)
+        wait_for(lambda: len(running()) == 2, timeout=300, what="the next spare")
         assert (observation["balance"], observation["lines"]) == (3, 1)
         # The image's own Python and openenv (with its web interface), and the Debian package.
         assert observation["runtime"] == {"python": "/app/.venv", "openenv": "0.10.0", "web_interface": True}
