@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import json
 import logging
 import secrets
@@ -108,14 +109,21 @@ def ensure_image(engine: engines.Engine, record: ImageRecord, package_dir: str) 
     _present.add(record.image)
 
 
+@functools.lru_cache(maxsize=512)
+def _declared_secrets(package_dir: str) -> tuple[str, ...]:
+    """The secret names a version's image record declares, read once per process: the record is
+    written by the build and never changes, and this is asked at every session with secrets."""
+    record = record_read(package_dir)
+    return tuple(record.secrets) if record else ()
+
+
 class ContainerWorker(Worker):
     name: str = ""
 
     @classmethod
     def start_secrets(cls, package_dir: str, secrets: Mapping[str, str]) -> dict[str, str]:
         """The session's secrets its manifest declares (required_secrets): the server's environment."""
-        record = record_read(package_dir) if secrets else None
-        return {name: secrets[name] for name in record.secrets if name in secrets} if record else {}
+        return {name: secrets[name] for name in _declared_secrets(package_dir) if name in secrets}
 
     async def request(self, op: str, timeout: float | None = None, lazy: bool = False, **fields: Any) -> Any:
         # The shim has no use for a session's secrets: they stay out of the tenant's sandbox.

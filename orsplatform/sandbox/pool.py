@@ -117,7 +117,9 @@ class SandboxPool:
         values: they are part of its key, and no spare (started with none) stands in for it."""
         if self._janitor is None or self._janitor.done():
             self._janitor = asyncio.create_task(self._janitor_loop())
-        start = self.worker_class(package_dir).start_secrets(package_dir, secrets or {})
+        # Most sessions send no secrets: then no look at the package on this path (a file stat, and a
+        # container's record read, per session create).
+        start = self.worker_class(package_dir).start_secrets(package_dir, secrets) if secrets else {}
         key = (package_dir, team, caller, secrets_digest(start)) if start else (package_dir, team, caller)
         limits = self.limits(package_dir)  # PermissionError: the manifest asks for what is refused
         lock = self._locks.setdefault(key, asyncio.Lock())
